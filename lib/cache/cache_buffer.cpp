@@ -1,0 +1,344 @@
+#include "cache/cache_buffer.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cinttypes>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "ctrl/clock.h"
+#include "ctrl/pins.h"
+#include "ctrl/recovery.h"
+#include "sync/futex.h"
+#include "sync/shared_lock.h"
+
+namespace ucm {
+namespace {
+
+const char* state_name(State s) {
+  switch (s) {
+    case State::kIdle: return "Idle";
+    case State::kReady: return "Ready";
+    case State::kFailed: return "Failed";
+  }
+  return "?";
+}
+
+inline void mark_accessed(const BufferCtrl& c, uint32_t i) {
+  std::atomic<uint8_t>& a = c.accessed(i);
+  // Read first: a hot slot's bit is already set, and not writing it keeps the
+  // line shared between ranks that hit neighbouring slots.
+  if (!a.load(std::memory_order_relaxed)) a.store(1, std::memory_order_relaxed);
+}
+
+inline void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+
+void sleep_ns(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+}  // namespace
+
+CacheBuffer::CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts)
+    : ctrl_(ctrl),
+      data_(data),
+      opts_(opts),
+      holder_(holder_id(opts.rank)),
+      slice_ns_(std::max<uint64_t>(1, opts.liveness_slice_ms) * 1000000ull),
+      ctr_(&ctrl->rank(opts.rank).counters) {}
+
+Result CacheBuffer::check_key(const Key& k) const {
+  if (k.shard >= ctrl_->shards_per_block())
+    return fail(Result::kInvalidArg, "shard %u >= shards_per_block %u", k.shard, ctrl_->shards_per_block());
+  return Result::kOk;
+}
+
+Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a) {
+  const BufferCtrl& c = *ctrl_;
+  const PinResult p = pin_slot(c, opts_.rank, i);
+  if (p == PinResult::kOverflow)
+    return fail(Result::kBusy, "rank %u already holds 65535 pins on slot %u", opts_.rank, i);
+  if (p == PinResult::kClaimed) {
+    *a = Attach::kRetry;
+    return Result::kOk;
+  }
+  if (!slot_has_key(c, i, k)) {  // re-keyed between our walk and our pin
+    unpin_slot(c, opts_.rank, i);
+    *a = Attach::kRetry;
+    return Result::kOk;
+  }
+  std::atomic<uint32_t>& word = c.slot(i).word;
+  uint32_t w = word.load(std::memory_order_acquire);
+  for (;;) {
+    const State s = word_state(w);
+    if (s == State::kReady) {
+      mark_accessed(c, i);
+      bump(ctr_->hits);
+      *out = GetResult{GetKind::kHit, i, w, false, false};
+      break;
+    }
+    if (s == State::kFailed || word_owner(w) == kNoOwner) {
+      // Take over a failed load, or a preallocated / recovered Idle slot.
+      const uint32_t nw = word_next(w, State::kIdle, opts_.rank);
+      if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+      const bool was_prealloc = s == State::kIdle;
+      mark_accessed(c, i);
+      bump(ctr_->takeovers);
+      if (was_prealloc) bump(ctr_->prealloc_used);
+      *out = GetResult{GetKind::kOwner, i, nw, was_prealloc, false};
+      break;
+    }
+    bump(ctr_->waits);
+    *out = GetResult{GetKind::kWaiter, i, w, false, false};
+    break;
+  }
+  *a = Attach::kDone;
+  return Result::kOk;
+}
+
+Result CacheBuffer::get(const Key& k, GetResult* out) {
+  if (!data_) return fail(Result::kBadState, "a scheduler rank (no data plane) cannot get() a shard");
+  UCM_CHECK(check_key(k));
+  const uint32_t b = bucket_of(k, ctrl_->bucket_mask());
+  // Optimistic, lock-free: the hit path.
+  const uint32_t i = chain_find_unlocked(*ctrl_, b, k);
+  if (i != kNoSlot) {
+    Attach a;
+    UCM_CHECK(attach_found(i, k, out, &a));
+    if (a == Attach::kDone) return Result::kOk;
+  }
+  return get_locked(k, b, out);
+}
+
+Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
+  const BufferCtrl& c = *ctrl_;
+  const uint64_t start = now_ns();
+  const uint64_t deadline = start + opts_.lock_timeout_ms * 1000000ull;
+  uint64_t next_liveness_check = start + slice_ns_;
+  bool reaped_for_space = false;
+  std::atomic<uint32_t>* lock = &c.bucket(b).lock;
+  for (;;) {
+    UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline));
+    const uint32_t i = chain_find_locked(c, b, k);
+    if (i != kNoSlot) {
+      Attach a;
+      Result r = attach_found(i, k, out, &a);
+      shared_unlock(lock);
+      UCM_CHECK(r);
+      if (a == Attach::kDone) return Result::kOk;
+      // Claimed by an evictor: it needs our bucket's lock to detach it, will
+      // fail its try-lock and drop the claim. Unless it died holding it.
+      const uint64_t now = now_ns();
+      if (now >= deadline)
+        return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i,
+                    c.slot(i).claim.load(std::memory_order_relaxed), opts_.lock_timeout_ms);
+      if (now >= next_liveness_check) {
+        next_liveness_check = now + slice_ns_;
+        if (any_rank_dead(c)) UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr));
+      }
+      sched_yield();
+      continue;
+    }
+    bool evicted = false;
+    uint32_t v = take_unused_regular(c, holder_);
+    if (v == kNoSlot) v = take_regular_victim(c, holder_, b, &evicted);
+    if (v == kNoSlot) {
+      shared_unlock(lock);
+      // Pins of a dead rank may be what fills the cache: recover, then retry once.
+      if (!reaped_for_space && any_rank_dead(c)) {
+        reaped_for_space = true;
+        UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr));
+        continue;
+      }
+      bump(ctr_->no_space);
+      return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned", c.regular_slots());
+    }
+    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, opts_.rank);
+    shared_unlock(lock);
+    bump(ctr_->owner_misses);
+    if (evicted) bump(ctr_->evictions);
+    *out = GetResult{GetKind::kOwner, v, c.slot(v).word.load(std::memory_order_relaxed), false, evicted};
+    return Result::kOk;
+  }
+}
+
+Result CacheBuffer::set_final_state(uint32_t slot, State s, const char* what) {
+  if (slot >= ctrl_->total_slots())
+    return fail(Result::kInvalidArg, "%s: slot %u >= %u slots", what, slot, ctrl_->total_slots());
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  uint32_t w = word.load(std::memory_order_relaxed);
+  for (;;) {
+    if (word_state(w) != State::kIdle || word_owner(w) != opts_.rank)
+      return fail(Result::kBadState, "%s: slot %u is %s with owner %u, not a load owned by rank %u", what, slot,
+                  state_name(word_state(w)), word_owner(w), opts_.rank);
+    // Release: the bytes written into the slot happen-before any reader that
+    // sees the new state.
+    if (word.compare_exchange_weak(w, word_next(w, s, opts_.rank), std::memory_order_acq_rel,
+                                   std::memory_order_relaxed))
+      break;
+  }
+  if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+  return Result::kOk;
+}
+
+Result CacheBuffer::mark_ready(uint32_t slot) { return set_final_state(slot, State::kReady, "mark_ready"); }
+Result CacheBuffer::mark_failed(uint32_t slot) { return set_final_state(slot, State::kFailed, "mark_failed"); }
+
+bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed) {
+  const State s = word_state(observed);
+  if (!(s == State::kFailed || (s == State::kIdle && word_owner(observed) == kNoOwner))) return false;
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  uint32_t w = observed;
+  if (!word.compare_exchange_strong(w, word_next(observed, State::kIdle, opts_.rank), std::memory_order_acq_rel))
+    return false;
+  if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+  bump(ctr_->takeovers);
+  return true;
+}
+
+void CacheBuffer::note_waited_on(uint32_t w) {
+  // After a silent slice: is the rank we wait on still there?
+  const uint32_t owner = word_owner(w);
+  if (word_state(w) == State::kIdle && owner != kNoOwner && owner != opts_.rank && !ctrl_->rank_alive(owner))
+    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr);
+}
+
+Result CacheBuffer::poll_once(uint32_t slot, uint32_t* w) {
+  // The legacy waiter, kept to measure against: lock, read, unlock.
+  const uint32_t b = bucket_of(slot_key(*ctrl_, slot), ctrl_->bucket_mask());
+  UCM_CHECK(lock_bucket(*ctrl_, opts_.rank, b, slice_ns_, kNoDeadline));
+  *w = ctrl_->slot(slot).word.load(std::memory_order_acquire);
+  shared_unlock(&ctrl_->bucket(b).lock);
+  return Result::kOk;
+}
+
+Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns, uint32_t* now_word) {
+  if (slot >= ctrl_->total_slots())
+    return fail(Result::kInvalidArg, "wait_for_change: slot %u >= %u slots", slot, ctrl_->total_slots());
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  uint64_t next_check = now_ns() + slice_ns_;
+  for (;;) {
+    uint32_t w = word.load(std::memory_order_acquire);
+    if (opts_.wait == WaitMode::kPoll) UCM_CHECK(poll_once(slot, &w));
+    if (word_changed(w, observed)) {
+      *now_word = w;
+      return Result::kOk;
+    }
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns)
+      return fail(Result::kTimeout, "slot %u still %s (owner %u) at the deadline", slot, state_name(word_state(w)),
+                  word_owner(w));
+    if (now >= next_check) {
+      next_check = now + slice_ns_;
+      note_waited_on(w);
+    }
+    if (opts_.wait == WaitMode::kPoll) {
+      sleep_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, deadline_ns - now));
+      continue;
+    }
+    if (!(w & kWordWaiters)) {
+      if (!word.compare_exchange_weak(w, w | kWordWaiters, std::memory_order_relaxed)) continue;
+      w |= kWordWaiters;
+    }
+    // Sleep on exactly the value seen: a change since the load returns at once.
+    (void)futex_wait(&word, w, std::min(deadline_ns, next_check));
+  }
+}
+
+void CacheBuffer::release(uint32_t slot) {
+  const BufferCtrl& c = *ctrl_;
+  if (slot >= c.total_slots()) return;
+  if (c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 1) {
+    // Our last pin: a load we own and never finished is abandoned, or its
+    // waiters would sleep until the deadline. Checked before unpinning, while
+    // the slot cannot be re-keyed under us.
+    std::atomic<uint32_t>& word = c.slot(slot).word;
+    uint32_t w = word.load(std::memory_order_acquire);
+    while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank) {
+      if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
+        futex_wake(&word, kWakeAll);
+        UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
+        break;
+      }
+    }
+  }
+  unpin_slot(c, opts_.rank, slot);
+}
+
+size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {
+  const BufferCtrl& c = *ctrl_;
+  const uint32_t runs = std::min(c.shards_per_block(), c.bucket_count());
+  size_t marked = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const BlockId& blk = blocks[j];
+    const uint64_t h = block_hash(blk);
+    // The shards of a block live in the run of buckets [h, h + shards_per_block).
+    for (uint32_t s = 0; s < runs; ++s) {
+      const uint32_t b = static_cast<uint32_t>((h + s) & c.bucket_mask());
+      uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
+      for (uint32_t steps = 0; i != kNoSlot && steps < c.total_slots(); ++steps) {
+        const SlotMeta& m = c.slot(i);
+        if (m.key_lo.load(std::memory_order_relaxed) == blk.lo && m.key_hi.load(std::memory_order_relaxed) == blk.hi &&
+            m.shard.load(std::memory_order_relaxed) != kEmptyShard) {
+          mark_accessed(c, i);
+          ++marked;
+        }
+        i = m.next.load(std::memory_order_acquire);
+      }
+    }
+  }
+  ctr_->touched_slots.fetch_add(marked, std::memory_order_relaxed);
+  if (touch_hook_) touch_hook_(touch_ctx_, blocks, n);
+  return marked;
+}
+
+Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
+  if (!data_) return fail(Result::kBadState, "a scheduler rank (no data plane) cannot prealloc()");
+  UCM_CHECK(check_key(k));
+  const BufferCtrl& c = *ctrl_;
+  const uint32_t b = bucket_of(k, c.bucket_mask());
+  std::atomic<uint32_t>* lock = &c.bucket(b).lock;
+  if (!shared_try_lock(lock, holder_)) {
+    *out = PreallocOutcome::kBusy;
+    return Result::kOk;
+  }
+  if (chain_find_locked(c, b, k) != kNoSlot) {
+    shared_unlock(lock);
+    *out = PreallocOutcome::kAlreadyPresent;
+    return Result::kOk;
+  }
+  bool evicted = false;
+  bool reserved = false;
+  uint32_t v = take_unused_regular(c, holder_);
+  if (v == kNoSlot) {
+    v = take_reserved_slot(c, holder_, b, &evicted);
+    reserved = true;
+  }
+  if (v == kNoSlot) {
+    shared_unlock(lock);
+    *out = PreallocOutcome::kNoSpace;
+    return Result::kOk;
+  }
+  install_claimed_slot(c, v, b, k, State::kIdle, kNoOwner, false, kMaxRanks);
+  shared_unlock(lock);
+  bump(ctr_->prealloc_made);
+  *out = reserved ? PreallocOutcome::kPlacedReserved : PreallocOutcome::kPlacedRegular;
+  return Result::kOk;
+}
+
+bool CacheBuffer::exists(const Key& k) const {
+  if (k.shard >= ctrl_->shards_per_block()) return false;
+  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k);
+  if (i == kNoSlot) return false;
+  const bool ready = word_state(ctrl_->slot(i).word.load(std::memory_order_acquire)) == State::kReady;
+  return ready && slot_has_key(*ctrl_, i, k);
+}
+
+Result CacheBuffer::reap() { return reap_dead_ranks(*ctrl_, opts_.rank, nullptr); }
+
+}  // namespace ucm

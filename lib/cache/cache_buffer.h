@@ -1,0 +1,123 @@
+// CacheBuffer: the node-shared shard cache as one rank sees it (ctrl + data).
+//
+// Every local rank builds one over the same BufferCtrl and BufferData (a
+// scheduler rank over the control plane only: data_at() is null, it may
+// exists()/touch() and nothing that needs bytes). The object does not own the
+// planes; it is cheap and thread-safe: a rank's dispatcher, copier and app
+// threads may share it.
+//
+// The protocol, for one key:
+//   get(k)      -> kHit    Ready; pinned; read data_at(slot), then release().
+//               -> kOwner  this rank must fill data_at(slot), then mark_ready()
+//                          or mark_failed(), then release(). Pinned.
+//               -> kWaiter another rank is loading it; pinned. Loop on
+//                          wait_for_change(slot, word) until Ready (read,
+//                          release) or Failed (try_take_over() -> owner, or
+//                          wait again on the new word).
+//               -> Result::kNoSpace when every slot is pinned.
+// A hit takes no lock: it walks the chain with acquire loads, pins (pins.h),
+// then re-checks key and state. A miss takes the key's bucket lock, looks
+// again, and installs a CLOCK victim. State changes are one CAS on the slot's
+// futex word followed by a wake of all sleepers when one is flagged; a waiter
+// sleeps on exactly the value it saw, so a change between its check and its
+// sleep is never lost. Waits are bounded, check the owner's liveness every
+// slice, and recover a dead owner's slot (recovery.h).
+//
+// Guarantees: a key is resident in at most one slot; a slot is Ready only after
+// its owner called mark_ready(); a pinned slot is never re-keyed. Not
+// guaranteed: that a hint from exists() is still true when acted on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/key.h"
+#include "common/result.h"
+#include "ctrl/buffer_ctrl.h"
+#include "data/buffer_data.h"
+
+namespace ucm {
+
+struct CacheOptions {
+  uint32_t rank = 0;                // local rank: pins, owner, lock holder
+  WaitMode wait = WaitMode::kFutex; // kPoll: the legacy lock/read/unlock/sleep loop
+  uint64_t liveness_slice_ms = 50;  // a blocked call re-checks whom it waits on this often
+  uint64_t poll_interval_ms = 10;   // kPoll only: sleep between polls
+  uint64_t lock_timeout_ms = 10000; // bound on waiting for a live bucket-lock holder or claimer
+};
+
+enum class GetKind : uint8_t { kHit, kOwner, kWaiter };
+
+struct GetResult {
+  GetKind kind = GetKind::kHit;
+  uint32_t slot = kNoSlot;
+  uint32_t word = 0;           // the futex word as seen (waiters pass it to wait_for_change)
+  bool took_prealloc = false;  // kOwner by taking over a preallocated slot
+  bool evicted = false;        // kOwner: a resident key was evicted for this one
+};
+
+enum class PreallocOutcome : uint8_t { kPlacedRegular, kPlacedReserved, kAlreadyPresent, kBusy, kNoSpace };
+
+using TouchHook = void (*)(void* ctx, const BlockId* blocks, size_t n);
+
+class CacheBuffer {
+ public:
+  CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
+
+  [[nodiscard]] Result get(const Key& k, GetResult* out);
+  [[nodiscard]] Result mark_ready(uint32_t slot);
+  [[nodiscard]] Result mark_failed(uint32_t slot);
+  // Returns kOk with *now_word once the slot's word differs from `observed`
+  // (state or owner changed), kTimeout at the deadline (absolute ns).
+  [[nodiscard]] Result wait_for_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns, uint32_t* now_word);
+  // A pinned waiter that saw Failed (or an unowned Idle) becomes the owner;
+  // exactly one of the racing ranks wins.
+  bool try_take_over(uint32_t slot, uint32_t observed);
+  // Drops one pin. The last pin of the owning rank on a slot it never marked
+  // abandons the load: the slot becomes Failed and its waiters take over.
+  void release(uint32_t slot);
+
+  // Sets the accessed bit of every resident shard of each block, then forwards
+  // the same batch to the hook (the backend's Touch). Returns slots marked.
+  size_t touch(const BlockId* blocks, size_t n);
+  void set_touch_hook(TouchHook hook, void* ctx) {
+    touch_hook_ = hook;
+    touch_ctx_ = ctx;
+  }
+
+  // Hangs an Idle, unpinned slot for k on its chain so that the next get(k)
+  // takes it over without eviction. Try-locks only; never evicts the regular
+  // pool (a free regular slot, else the reserved pool).
+  [[nodiscard]] Result prealloc(const Key& k, PreallocOutcome* out);
+
+  // Whether k is resident and Ready (a hint). Works on a scheduler rank.
+  bool exists(const Key& k) const;
+
+  void* data_at(uint32_t slot) const { return data_ ? data_->at(slot) : nullptr; }
+  bool scheduler() const { return data_ == nullptr; }
+  uint32_t rank() const { return opts_.rank; }
+  const BufferCtrl& ctrl() const { return *ctrl_; }
+  const RankCounters& counters() const { return ctrl_->rank(opts_.rank).counters; }
+  // Recovers every dead local rank now (normally done on demand).
+  [[nodiscard]] Result reap();
+
+ private:
+  enum class Attach { kDone, kRetry };
+  Result check_key(const Key& k) const;
+  Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
+  Result get_locked(const Key& k, uint32_t b, GetResult* out);
+  Result set_final_state(uint32_t slot, State s, const char* what);
+  Result poll_once(uint32_t slot, uint32_t* w);
+  void note_waited_on(uint32_t w);
+
+  const BufferCtrl* ctrl_;
+  const BufferData* data_;
+  CacheOptions opts_;
+  uint32_t holder_;
+  uint64_t slice_ns_;
+  RankCounters* ctr_;
+  TouchHook touch_hook_ = nullptr;
+  void* touch_ctx_ = nullptr;
+};
+
+}  // namespace ucm

@@ -1,0 +1,96 @@
+#include "common/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace ucm {
+namespace {
+
+struct LogSettings {
+  LogLevel level = LogLevel::kWarn;
+  uint32_t subsys_mask = ~0u;
+  char host[64] = "?";
+};
+
+struct SubsysName {
+  const char* name;
+  Subsys subsys;
+};
+
+constexpr SubsysName kSubsysNames[] = {
+    {"common", Subsys::kCommon}, {"sync", Subsys::kSync},       {"ctrl", Subsys::kCtrl},
+    {"data", Subsys::kData},     {"cache", Subsys::kCache},     {"backend", Subsys::kBackend},
+    {"device", Subsys::kDevice}, {"queue", Subsys::kQueue},     {"topo", Subsys::kTopo},
+    {"boot", Subsys::kBoot},     {"api", Subsys::kApi},
+};
+
+const char* subsys_name(Subsys s) {
+  for (const auto& n : kSubsysNames)
+    if (n.subsys == s) return n.name;
+  return "?";
+}
+
+LogSettings read_settings() {
+  LogSettings s;
+  if (const char* lvl = std::getenv("UCM_LOG")) {
+    if (!std::strcmp(lvl, "info")) s.level = LogLevel::kInfo;
+    else if (!std::strcmp(lvl, "debug")) s.level = LogLevel::kDebug;
+  }
+  if (const char* list = std::getenv("UCM_LOG_SUBSYS"); list && *list) {
+    s.subsys_mask = 0;
+    std::string all(list);
+    size_t pos = 0;
+    while (pos <= all.size()) {
+      size_t end = all.find(',', pos);
+      if (end == std::string::npos) end = all.size();
+      std::string item = all.substr(pos, end - pos);
+      for (const auto& n : kSubsysNames)
+        if (item == n.name || item == "all") s.subsys_mask |= static_cast<uint32_t>(n.subsys);
+      pos = end + 1;
+    }
+  }
+  gethostname(s.host, sizeof(s.host) - 1);
+  return s;
+}
+
+const LogSettings& settings() {
+  static const LogSettings s = read_settings();
+  return s;
+}
+
+std::atomic<int> g_rank{-1};
+
+}  // namespace
+
+bool log_enabled(LogLevel level, Subsys subsys) {
+  const LogSettings& s = settings();
+  return static_cast<int>(level) <= static_cast<int>(s.level) &&
+         (s.subsys_mask & static_cast<uint32_t>(subsys)) != 0;
+}
+
+void log_set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
+
+void log_line(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  const char* lvl = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "DEBUG";
+  // One fprintf per line so concurrent ranks do not interleave within a line.
+  std::fprintf(stderr, "%s:%d:%ld [%d] %s %s %s:%d %s\n", settings().host, static_cast<int>(getpid()),
+               static_cast<long>(syscall(SYS_gettid)), g_rank.load(std::memory_order_relaxed),
+               subsys_name(subsys), lvl, base, line, msg);
+}
+
+}  // namespace ucm

@@ -1,0 +1,35 @@
+// Monotonic time and deadlines. Deadlines are absolute CLOCK_MONOTONIC
+// nanoseconds so that retries and slices never stretch a bound.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace ucm {
+
+inline uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// CPU time consumed by the calling thread, in nanoseconds.
+inline uint64_t thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// CPU time consumed by the whole process, in nanoseconds.
+inline uint64_t process_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+constexpr uint64_t kNoDeadline = UINT64_MAX;
+
+inline uint64_t deadline_after_ms(uint64_t ms) { return ms == UINT64_MAX ? kNoDeadline : now_ns() + ms * 1000000ull; }
+
+}  // namespace ucm

@@ -1,0 +1,308 @@
+#include "ctrl/buffer_ctrl.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstring>
+#include <utility>
+
+#include "common/hash.h"
+#include "common/log.h"
+#include "sync/process_identity.h"
+
+namespace ucm {
+namespace {
+
+struct RegionLayout {
+  uint64_t buckets_off;
+  uint64_t slots_off;
+  uint64_t pins_off;
+  uint64_t pin_row_bytes;
+  uint64_t accessed_off;
+  uint64_t region_bytes;
+};
+
+constexpr uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+RegionLayout compute_layout(const CtrlParams& p) {
+  RegionLayout l{};
+  uint64_t total = uint64_t{p.regular_slots} + p.reserved_slots;
+  uint64_t off = kRanksOff + sizeof(RankRecord) * kMaxRanks;
+  l.buckets_off = align_up(off, 64);
+  off = l.buckets_off + sizeof(Bucket) * uint64_t{p.bucket_count};
+  l.slots_off = align_up(off, 64);
+  off = l.slots_off + sizeof(SlotMeta) * total;
+  // One row of 16-bit pin counts per rank, each row on its own cache lines so
+  // that two ranks pinning the same slot never write the same line.
+  l.pin_row_bytes = align_up(2 * total, 64);
+  l.pins_off = align_up(off, 64);
+  off = l.pins_off + l.pin_row_bytes * p.max_ranks;
+  l.accessed_off = align_up(off, 64);
+  off = l.accessed_off + total;
+  l.region_bytes = align_up(off, 4096);
+  return l;
+}
+
+uint32_t next_pow2(uint64_t x) {
+  uint64_t p = 1;
+  while (p < x) p <<= 1;
+  return static_cast<uint32_t>(p);
+}
+
+CtrlParams params_from_header(const CtrlHeader& h) {
+  CtrlParams p;
+  p.slot_bytes = h.slot_bytes;
+  p.regular_slots = h.regular_slots;
+  p.reserved_slots = h.reserved_slots;
+  p.bucket_count = h.bucket_count;
+  p.shards_per_block = h.shards_per_block;
+  p.max_ranks = h.max_ranks;
+  p.evict = static_cast<EvictMode>(h.evict_mode);
+  return p;
+}
+
+const char* evict_name(EvictMode m) { return m == EvictMode::kClock ? "clock" : m == EvictMode::kRing ? "ring" : "?"; }
+
+}  // namespace
+
+Result validate_ctrl_params(const CtrlParams& p) {
+  if (p.slot_bytes == 0) return fail(Result::kInvalidArg, "slot_bytes is 0: a slot must hold at least one byte");
+  if (p.regular_slots == 0) return fail(Result::kInvalidArg, "regular_slots is 0: the cache needs at least one slot");
+  uint64_t total = uint64_t{p.regular_slots} + p.reserved_slots;
+  if (total >= (1ull << 31))
+    return fail(Result::kInvalidArg, "regular_slots + reserved_slots = %" PRIu64 " exceeds 2^31 - 1", total);
+  if (p.bucket_count != 0 && ((p.bucket_count & (p.bucket_count - 1)) != 0 || p.bucket_count > (1u << 31)))
+    return fail(Result::kInvalidArg, "bucket_count %u is not a power of two (or 0 for automatic)", p.bucket_count);
+  if (p.shards_per_block == 0 || p.shards_per_block >= kEmptyShard)
+    return fail(Result::kInvalidArg, "shards_per_block %u is out of range 1..%u", p.shards_per_block, kEmptyShard - 1);
+  if (p.max_ranks == 0 || p.max_ranks > kMaxRanks)
+    return fail(Result::kInvalidArg, "max_ranks %u is out of range 1..%u", p.max_ranks, kMaxRanks);
+  if (p.evict != EvictMode::kClock && p.evict != EvictMode::kRing)
+    return fail(Result::kInvalidArg, "evict mode %u is neither clock (0) nor ring (1)", static_cast<uint32_t>(p.evict));
+  return Result::kOk;
+}
+
+CtrlParams resolve_ctrl_params(const CtrlParams& p) {
+  CtrlParams r = p;
+  if (r.bucket_count == 0) r.bucket_count = next_pow2(uint64_t{p.regular_slots} + p.reserved_slots);
+  return r;
+}
+
+uint64_t ctrl_fingerprint(const CtrlParams& p) {
+  uint64_t h = kFnvOffset;
+  h = fnv1a_u64(h, kCtrlAbi);
+  h = fnv1a_u64(h, sizeof(CtrlHeader));
+  h = fnv1a_u64(h, sizeof(SlotMeta));
+  h = fnv1a_u64(h, sizeof(RankRecord));
+  h = fnv1a_u64(h, p.slot_bytes);
+  h = fnv1a_u64(h, p.regular_slots);
+  h = fnv1a_u64(h, p.reserved_slots);
+  h = fnv1a_u64(h, p.bucket_count);
+  h = fnv1a_u64(h, p.shards_per_block);
+  h = fnv1a_u64(h, p.max_ranks);
+  h = fnv1a_u64(h, static_cast<uint32_t>(p.evict));
+  return h;
+}
+
+BufferCtrl::~BufferCtrl() { reset(); }
+
+BufferCtrl::BufferCtrl(BufferCtrl&& o) noexcept { *this = std::move(o); }
+
+BufferCtrl& BufferCtrl::operator=(BufferCtrl&& o) noexcept {
+  if (this != &o) {
+    reset();
+    std::memcpy(static_cast<void*>(this), static_cast<const void*>(&o), sizeof(*this));
+    o.fd_ = -1;
+    o.base_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void BufferCtrl::reset() {
+  if (base_) munmap(base_, bytes_);
+  if (fd_ >= 0) close(fd_);
+  base_ = nullptr;
+  fd_ = -1;
+  bytes_ = 0;
+}
+
+CtrlParams BufferCtrl::params() const { return params_from_header(header()); }
+
+void BufferCtrl::cache_fields() {
+  const CtrlHeader& h = header();
+  buckets_ = reinterpret_cast<Bucket*>(base_ + h.buckets_off);
+  slots_ = reinterpret_cast<SlotMeta*>(base_ + h.slots_off);
+  pins_ = base_ + h.pins_off;
+  pin_row_bytes_ = h.pin_row_bytes;
+  accessed_ = reinterpret_cast<std::atomic<uint8_t>*>(base_ + h.accessed_off);
+  regular_ = h.regular_slots;
+  total_ = h.regular_slots + h.reserved_slots;
+  bucket_mask_ = h.bucket_count - 1;
+  shards_per_block_ = h.shards_per_block;
+  max_ranks_ = h.max_ranks;
+  slot_bytes_ = h.slot_bytes;
+  evict_ = static_cast<EvictMode>(h.evict_mode);
+}
+
+Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
+  UCM_CHECK(validate_ctrl_params(params));
+  const CtrlParams p = resolve_ctrl_params(params);
+  const RegionLayout l = compute_layout(p);
+
+  BufferCtrl c;
+  int fd;
+  UCM_SYSCHECK(fd = memfd_create("ucmcache-ctrl", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create(ucmcache-ctrl)");
+  c.fd_ = fd;
+  UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(l.region_bytes)), "ftruncate(control region)");
+  UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, control)");
+  void* m = mmap(nullptr, l.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", l.region_bytes, strerror(errno));
+  c.base_ = static_cast<uint8_t*>(m);
+  c.bytes_ = l.region_bytes;
+
+  // The memfd is zero-filled: fill in what is not zero, header last.
+  auto* h = reinterpret_cast<CtrlHeader*>(c.base_);
+  h->abi = kCtrlAbi;
+  h->header_bytes = sizeof(CtrlHeader);
+  h->fingerprint = ctrl_fingerprint(p);
+  h->region_bytes = l.region_bytes;
+  h->slot_bytes = p.slot_bytes;
+  h->regular_slots = p.regular_slots;
+  h->reserved_slots = p.reserved_slots;
+  h->bucket_count = p.bucket_count;
+  h->shards_per_block = p.shards_per_block;
+  h->max_ranks = p.max_ranks;
+  h->evict_mode = static_cast<uint32_t>(p.evict);
+  h->buckets_off = l.buckets_off;
+  h->slots_off = l.slots_off;
+  h->pins_off = l.pins_off;
+  h->pin_row_bytes = l.pin_row_bytes;
+  h->accessed_off = l.accessed_off;
+  c.cache_fields();
+  for (uint32_t b = 0; b < p.bucket_count; ++b) c.buckets_[b].head.store(kNoSlot, std::memory_order_relaxed);
+  for (uint32_t i = 0; i < c.total_; ++i) {
+    SlotMeta& s = c.slots_[i];
+    s.shard.store(kEmptyShard, std::memory_order_relaxed);
+    s.next.store(kNoSlot, std::memory_order_relaxed);
+    s.word.store(kNoOwner << kWordOwnerShift, std::memory_order_relaxed);
+  }
+  std::atomic_ref<uint64_t>(h->magic).store(kCtrlMagic, std::memory_order_release);
+  UCM_INFO(kCtrl, "control region: %" PRIu64 " bytes, %u+%u slots of %" PRIu64 " bytes, %u buckets, %u ranks, evict=%s",
+           l.region_bytes, p.regular_slots, p.reserved_slots, p.slot_bytes, p.bucket_count, p.max_ranks,
+           evict_name(p.evict));
+  *out = std::move(c);
+  return Result::kOk;
+}
+
+Result BufferCtrl::attach(int fd, const CtrlParams* expect, BufferCtrl* out) {
+  BufferCtrl c;
+  int dup_fd;
+  UCM_SYSCHECK(dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0), "dup(control fd)");
+  c.fd_ = dup_fd;
+  UCM_CHECK(c.map_and_check(dup_fd, expect));
+  *out = std::move(c);
+  return Result::kOk;
+}
+
+Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
+  struct stat st;
+  UCM_SYSCHECK(fstat(fd, &st), "fstat(control fd)");
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < sizeof(CtrlHeader))
+    return fail(Result::kCorrupt, "control region truncated: %" PRIu64 " bytes, the header alone needs %zu",
+                file_bytes, sizeof(CtrlHeader));
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return fail(Result::kCorrupt, "control region is not sealed against shrinking (seals 0x%x)", seals < 0 ? 0 : seals);
+  void* m = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", file_bytes, strerror(errno));
+  base_ = static_cast<uint8_t*>(m);
+  bytes_ = file_bytes;
+
+  const CtrlHeader& h = header();
+  const uint64_t magic = std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire);
+  if (magic != kCtrlMagic)
+    return fail(Result::kCorrupt, "control region has bad magic 0x%016" PRIx64 " (expected 0x%016" PRIx64 "%s)", magic,
+                kCtrlMagic, magic == 0 ? ": never initialized" : "");
+  if (h.abi != kCtrlAbi)
+    return fail(Result::kAbiMismatch, "control region has ABI %u, this library speaks ABI %u", h.abi, kCtrlAbi);
+  if (h.header_bytes != sizeof(CtrlHeader))
+    return fail(Result::kAbiMismatch, "control header is %u bytes, this library's is %zu", h.header_bytes, sizeof(CtrlHeader));
+  const CtrlParams found = params_from_header(h);
+  if (validate_ctrl_params(found) != Result::kOk || (found.bucket_count & (found.bucket_count - 1)) != 0 ||
+      found.bucket_count == 0)
+    return fail(Result::kCorrupt, "control header holds invalid parameters: %s", last_error().c_str());
+  const uint64_t fp = ctrl_fingerprint(found);
+  if (fp != h.fingerprint)
+    return fail(Result::kCorrupt,
+                "control header fingerprint 0x%016" PRIx64 " does not match its own parameters (0x%016" PRIx64 ")",
+                h.fingerprint, fp);
+  const RegionLayout l = compute_layout(found);
+  if (l.region_bytes != h.region_bytes || l.buckets_off != h.buckets_off || l.slots_off != h.slots_off ||
+      l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off)
+    return fail(Result::kCorrupt, "control header offsets disagree with its parameters");
+  if (h.region_bytes > file_bytes)
+    return fail(Result::kCorrupt, "control region truncated: the file has %" PRIu64 " bytes, the header says %" PRIu64,
+                file_bytes, h.region_bytes);
+  if (expect) {
+    UCM_CHECK(validate_ctrl_params(*expect));
+    const CtrlParams e = resolve_ctrl_params(*expect);
+#define UCM_CMP_FIELD(f)                                                                                       \
+  if (static_cast<uint64_t>(e.f) != static_cast<uint64_t>(found.f))                                            \
+    return fail(Result::kConfigMismatch, "%s: the control region has %" PRIu64 ", this rank expects %" PRIu64, \
+                #f, static_cast<uint64_t>(found.f), static_cast<uint64_t>(e.f));
+    UCM_CMP_FIELD(slot_bytes)
+    UCM_CMP_FIELD(regular_slots)
+    UCM_CMP_FIELD(reserved_slots)
+    UCM_CMP_FIELD(bucket_count)
+    UCM_CMP_FIELD(shards_per_block)
+    UCM_CMP_FIELD(max_ranks)
+    UCM_CMP_FIELD(evict)
+#undef UCM_CMP_FIELD
+  }
+  cache_fields();
+  return Result::kOk;
+}
+
+Result BufferCtrl::join(uint32_t r) {
+  if (r >= max_ranks_) return fail(Result::kInvalidArg, "local rank %u >= max_ranks %u", r, max_ranks_);
+  RankRecord& rec = rank(r);
+  uint32_t st = static_cast<uint32_t>(RankState::kFree);
+  if (!rec.state.compare_exchange_strong(st, static_cast<uint32_t>(RankState::kJoining), std::memory_order_acq_rel)) {
+    int32_t pid = rec.pid.load(std::memory_order_relaxed);
+    if (rank_alive(r))
+      return fail(Result::kBadState, "local rank %u is already attached by live pid %d", r, pid);
+    return fail(Result::kPeerDead, "local rank %u is still held by dead pid %d: reap it first", r, pid);
+  }
+  ProcessIdentity self = self_identity();
+  rec.pid.store(self.pid, std::memory_order_relaxed);
+  rec.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
+  rec.generation.fetch_add(1, std::memory_order_relaxed);
+  rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
+  return Result::kOk;
+}
+
+void BufferCtrl::leave(uint32_t r) {
+  if (r >= max_ranks_) return;
+  RankRecord& rec = rank(r);
+  rec.pid.store(0, std::memory_order_relaxed);
+  rec.start_ticks.store(0, std::memory_order_relaxed);
+  rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+}
+
+bool BufferCtrl::rank_alive(uint32_t r) const {
+  if (r >= max_ranks_) return false;
+  const RankRecord& rec = rank(r);
+  if (rec.state.load(std::memory_order_acquire) == static_cast<uint32_t>(RankState::kFree)) return false;
+  ProcessIdentity id;
+  id.pid = rec.pid.load(std::memory_order_relaxed);
+  id.start_ticks = rec.start_ticks.load(std::memory_order_relaxed);
+  if (id.pid == 0) return true;  // joining: identity not written yet
+  return is_alive(id);
+}
+
+}  // namespace ucm

@@ -1,0 +1,111 @@
+// BufferCtrl: the node-shared control plane of the cache (see layout.h).
+//
+// One rank creates the region (a sealed memfd), fills it, and writes the magic
+// last; every other rank attaches to the fd it was given and checks magic, ABI,
+// header size, region size, the fingerprint of the layout parameters and the
+// seals before it trusts a byte. The object owns its mapping and its fd; it is
+// move-only. It does not by itself guarantee anything about slot contents: the
+// protocols live in pins.h (pin/claim), clock.h (victims) and recovery.h (dead
+// ranks), and cache/ builds Get/MarkReady/... from them.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/result.h"
+#include "ctrl/layout.h"
+
+namespace ucm {
+
+struct CtrlParams {
+  uint64_t slot_bytes = 0;        // bytes per slot (one shard)
+  uint32_t regular_slots = 0;     // slots CLOCK/ring may evict
+  uint32_t reserved_slots = 0;    // slots only Prealloc uses
+  uint32_t bucket_count = 0;      // 0: the next power of two >= regular + reserved
+  uint32_t shards_per_block = 0;  // shard indexes are < this
+  uint32_t max_ranks = 0;         // local ranks that may attach, 1..kMaxRanks
+  EvictMode evict = EvictMode::kClock;
+};
+
+// Checks every field; the error names the bad one and its value.
+[[nodiscard]] Result validate_ctrl_params(const CtrlParams& p);
+// bucket_count resolved (0 -> auto).
+CtrlParams resolve_ctrl_params(const CtrlParams& p);
+// Hash of every parameter all ranks must agree on, and of the ABI.
+uint64_t ctrl_fingerprint(const CtrlParams& resolved);
+
+class BufferCtrl {
+ public:
+  BufferCtrl() = default;
+  ~BufferCtrl();
+  BufferCtrl(BufferCtrl&& o) noexcept;
+  BufferCtrl& operator=(BufferCtrl&& o) noexcept;
+  BufferCtrl(const BufferCtrl&) = delete;
+  BufferCtrl& operator=(const BufferCtrl&) = delete;
+
+  // Creates, initializes and seals a new region; the magic is written last.
+  [[nodiscard]] static Result create(const CtrlParams& params, BufferCtrl* out);
+  // Maps the region behind `fd` (the fd is duplicated; the caller keeps its own).
+  // With `expect`, also refuses a region whose parameters differ, naming the field.
+  [[nodiscard]] static Result attach(int fd, const CtrlParams* expect, BufferCtrl* out);
+
+  bool valid() const { return base_ != nullptr; }
+  int fd() const { return fd_; }
+  size_t region_bytes() const { return bytes_; }
+  CtrlParams params() const;
+
+  const CtrlHeader& header() const { return *reinterpret_cast<const CtrlHeader*>(base_); }
+  CtrlGlobals& globals() const { return *reinterpret_cast<CtrlGlobals*>(base_ + kCtrlGlobalsOff); }
+  RankRecord& rank(uint32_t r) const { return reinterpret_cast<RankRecord*>(base_ + kRanksOff)[r]; }
+  Bucket& bucket(uint32_t b) const { return buckets_[b]; }
+  SlotMeta& slot(uint32_t i) const { return slots_[i]; }
+  std::atomic<uint16_t>& pin(uint32_t r, uint32_t i) const {
+    return reinterpret_cast<std::atomic<uint16_t>*>(pins_ + r * pin_row_bytes_)[i];
+  }
+  std::atomic<uint8_t>& accessed(uint32_t i) const { return accessed_[i]; }
+
+  uint32_t regular_slots() const { return regular_; }
+  uint32_t total_slots() const { return total_; }
+  uint32_t bucket_count() const { return bucket_mask_ + 1; }
+  uint32_t bucket_mask() const { return bucket_mask_; }
+  uint32_t shards_per_block() const { return shards_per_block_; }
+  uint32_t max_ranks() const { return max_ranks_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  EvictMode evict_mode() const { return evict_; }
+
+  // Registers the calling process as local rank `r` (fails, naming the pid,
+  // if a live process holds it). A record left by a dead process must be
+  // reaped first (recovery.h); join reports kPeerDead in that case.
+  [[nodiscard]] Result join(uint32_t r);
+  // Unregisters rank r. Its pins must already be released.
+  void leave(uint32_t r);
+  // True while rank r is registered by a process that still runs.
+  bool rank_alive(uint32_t r) const;
+
+ private:
+  Result map_and_check(int fd, const CtrlParams* expect);
+  void cache_fields();
+  void reset();
+
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  Bucket* buckets_ = nullptr;
+  SlotMeta* slots_ = nullptr;
+  uint8_t* pins_ = nullptr;
+  uint64_t pin_row_bytes_ = 0;
+  std::atomic<uint8_t>* accessed_ = nullptr;
+  uint32_t regular_ = 0;
+  uint32_t total_ = 0;
+  uint32_t bucket_mask_ = 0;
+  uint32_t shards_per_block_ = 0;
+  uint32_t max_ranks_ = 0;
+  uint64_t slot_bytes_ = 0;
+  EvictMode evict_ = EvictMode::kClock;
+};
+
+// Holder id used in lock words and claims for local rank r.
+inline uint32_t holder_id(uint32_t rank) { return rank + 1; }
+
+}  // namespace ucm

@@ -1,0 +1,136 @@
+#include "ctrl/clock.h"
+
+#include "ctrl/pins.h"
+#include "sync/futex.h"
+#include "sync/shared_lock.h"
+
+namespace ucm {
+
+uint32_t chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k) {
+  for (uint32_t i = c.bucket(b).head.load(std::memory_order_acquire); i != kNoSlot;
+       i = c.slot(i).next.load(std::memory_order_acquire))
+    if (slot_has_key(c, i, k)) return i;
+  return kNoSlot;
+}
+
+bool chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot) {
+  uint32_t steps = 0;
+  for (uint32_t i = c.bucket(b).head.load(std::memory_order_acquire); i != kNoSlot && steps <= c.total_slots();
+       i = c.slot(i).next.load(std::memory_order_acquire), ++steps)
+    if (i == slot) return true;
+  return false;
+}
+
+void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot) {
+  Bucket& bk = c.bucket(b);
+  c.slot(slot).next.store(bk.head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  bk.head.store(slot, std::memory_order_release);
+}
+
+bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot) {
+  Bucket& bk = c.bucket(b);
+  uint32_t prev = kNoSlot;
+  uint32_t cur = bk.head.load(std::memory_order_relaxed);
+  while (cur != kNoSlot && cur != slot) {
+    prev = cur;
+    cur = c.slot(cur).next.load(std::memory_order_relaxed);
+  }
+  if (cur == kNoSlot) return false;
+  uint32_t after = c.slot(slot).next.load(std::memory_order_relaxed);
+  if (prev == kNoSlot) bk.head.store(after, std::memory_order_release);
+  else c.slot(prev).next.store(after, std::memory_order_release);
+  return true;
+}
+
+void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
+                          bool accessed, uint32_t pin_rank) {
+  SlotMeta& m = c.slot(slot);
+  // A claimed slot has no pins, hence no sleepers: no wake is needed here.
+  uint32_t w = m.word.load(std::memory_order_relaxed);
+  m.word.store(word_next(w, s, owner), std::memory_order_relaxed);
+  m.key_lo.store(k.block.lo, std::memory_order_relaxed);
+  m.key_hi.store(k.block.hi, std::memory_order_relaxed);
+  m.shard.store(k.shard, std::memory_order_relaxed);
+  c.accessed(slot).store(accessed ? 1 : 0, std::memory_order_relaxed);
+  if (pin_rank < kMaxRanks) pin_claimed_slot(c, pin_rank, slot);
+  chain_push(c, b, slot);  // release: publishes the key and word to chain walkers
+  unclaim_slot(c, slot);   // release: publishes them to pinners
+}
+
+namespace {
+
+// Detaches claimed slot i from the chain it is on. On failure (its bucket is
+// busy) the claim is dropped.
+bool detach_claimed(const BufferCtrl& c, uint32_t i, uint32_t locked_bucket, bool* evicted) {
+  SlotMeta& s = c.slot(i);
+  if (s.shard.load(std::memory_order_relaxed) == kEmptyShard) {
+    *evicted = false;
+    return true;
+  }
+  const uint32_t ob = bucket_of(slot_key(c, i), c.bucket_mask());
+  const uint32_t holder = s.claim.load(std::memory_order_relaxed);
+  if (ob != locked_bucket && !shared_try_lock(&c.bucket(ob).lock, holder)) {
+    unclaim_slot(c, i);
+    return false;
+  }
+  chain_unlink(c, ob, i);
+  if (ob != locked_bucket) shared_unlock(&c.bucket(ob).lock);
+  *evicted = true;
+  return true;
+}
+
+uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, uint32_t first, uint32_t n, bool second_chance,
+                     uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+  for (uint64_t step = 0; step < 2ull * n; ++step) {
+    const uint32_t i = first + static_cast<uint32_t>(hand.fetch_add(1, std::memory_order_relaxed) % n);
+    if (second_chance && step < n) {
+      std::atomic<uint8_t>& a = c.accessed(i);
+      if (a.load(std::memory_order_relaxed)) {
+        a.store(0, std::memory_order_relaxed);
+        continue;
+      }
+    }
+    if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_pinned(c, i)) continue;
+    if (!claim_slot(c, holder, i)) continue;
+    if (!detach_claimed(c, i, locked_bucket, evicted)) continue;
+    return i;
+  }
+  return kNoSlot;
+}
+
+uint32_t take_unused(const BufferCtrl& c, std::atomic<uint32_t>& next, uint32_t first, uint32_t n, uint32_t holder) {
+  uint32_t u = next.load(std::memory_order_relaxed);
+  while (u < n) {
+    if (next.compare_exchange_weak(u, u + 1, std::memory_order_relaxed)) {
+      // A racing sweep may have claimed it already: then try the next one.
+      if (claim_slot(c, holder, first + u)) return first + u;
+      u = next.load(std::memory_order_relaxed);
+    }
+  }
+  return kNoSlot;
+}
+
+}  // namespace
+
+uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder) {
+  return take_unused(c, c.globals().unused_regular, 0, c.regular_slots(), holder);
+}
+
+uint32_t take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+  return clock_sweep(c, c.globals().clock_hand, 0, c.regular_slots(), c.evict_mode() == EvictMode::kClock, holder,
+                     locked_bucket, evicted);
+}
+
+uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+  const uint32_t first = c.regular_slots();
+  const uint32_t n = c.total_slots() - first;
+  if (n == 0) return kNoSlot;
+  uint32_t i = take_unused(c, c.globals().unused_reserved, first, n, holder);
+  if (i != kNoSlot) {
+    *evicted = false;
+    return i;
+  }
+  return clock_sweep(c, c.globals().reserved_hand, first, n, true, holder, locked_bucket, evicted);
+}
+
+}  // namespace ucm

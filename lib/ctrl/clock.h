@@ -1,0 +1,75 @@
+// Bucket chains and victim selection (CLOCK second chance, or the legacy ring).
+//
+// Chains: a bucket's chain is edited only by the holder of that bucket's lock,
+// and each edit is one release store (push: slot.next = head, then head = slot;
+// unlink: predecessor's link = slot.next). A process killed at any instruction
+// leaves every chain well-formed; lock-free readers may wander off a slot that
+// was just moved to another chain, so they bound their walk and re-check keys.
+//
+// Victims: every taker returns a slot it has *claimed* (pins.h) and detached
+// from its old chain ("floating"), or kNoSlot. The caller re-keys it and
+// pushes it on the locked target bucket, then unclaims. A victim in another
+// bucket is detached only if that bucket's lock is free (try-lock): we never
+// block on a second lock while holding one.
+//
+// CLOCK over the regular pool: the shared hand advances one slot per step;
+// accessed = 1 -> clear it and move on (second chance); accessed = 0, unpinned,
+// unclaimed -> victim. After a full lap with nothing taken, a second lap takes
+// the next unpinned slot under the raw cursor whatever its bit. After two laps:
+// none (everything pinned). Ring (legacy) is the second lap alone: cursor + 1.
+#pragma once
+
+#include <cstdint>
+
+#include "common/key.h"
+#include "ctrl/buffer_ctrl.h"
+
+namespace ucm {
+
+inline Key slot_key(const BufferCtrl& c, uint32_t i) {
+  const SlotMeta& s = c.slot(i);
+  Key k;
+  k.block.lo = s.key_lo.load(std::memory_order_relaxed);
+  k.block.hi = s.key_hi.load(std::memory_order_relaxed);
+  k.shard = s.shard.load(std::memory_order_relaxed);
+  return k;
+}
+
+inline bool slot_has_key(const BufferCtrl& c, uint32_t i, const Key& k) {
+  const SlotMeta& s = c.slot(i);
+  return s.key_lo.load(std::memory_order_relaxed) == k.block.lo &&
+         s.key_hi.load(std::memory_order_relaxed) == k.block.hi && s.shard.load(std::memory_order_relaxed) == k.shard;
+}
+
+// Lock-free lookup of `k` on bucket b's chain: at most total_slots steps.
+// The answer is a hint; confirm it under a pin.
+inline uint32_t chain_find_unlocked(const BufferCtrl& c, uint32_t b, const Key& k) {
+  uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
+  for (uint32_t steps = 0; i != kNoSlot && steps < c.total_slots(); ++steps) {
+    if (slot_has_key(c, i, k)) return i;
+    i = c.slot(i).next.load(std::memory_order_acquire);
+  }
+  return kNoSlot;
+}
+
+// The caller holds bucket b's lock.
+uint32_t chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k);
+bool chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot);
+void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot);
+bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot);
+
+// Writes a new key into a claimed floating slot with the given word state and
+// owner, pushes it on bucket b (whose lock the caller holds) and unclaims it.
+// `pin_rank` < kMaxRanks pins it for that rank before it becomes visible.
+void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
+                          bool accessed, uint32_t pin_rank);
+
+// A never-used regular slot, claimed; kNoSlot when all have been used.
+uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder);
+// A regular-pool victim by the configured eviction mode, claimed and detached.
+// `*evicted` says whether it held a key. `locked_bucket` is the caller's.
+uint32_t take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted);
+// A reserved-pool slot: never used first, then CLOCK over the reserved pool.
+uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted);
+
+}  // namespace ucm

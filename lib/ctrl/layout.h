@@ -1,0 +1,154 @@
+// The shared control region: its layout, which is ABI.
+//
+// One memfd, sealed against resizing, mapped by every local rank at a different
+// address: everything below is fixed-width and addressed by offsets from the
+// region base, never by pointers. Change any struct or the meaning of a field,
+// bump kCtrlAbi.
+//
+//   [CtrlHeader][CtrlGlobals][RankRecord x kMaxRanks][Bucket x bucket_count]
+//   [SlotMeta x total_slots][pin rows: uint16 x total_slots, one row per rank]
+//   [accessed: uint8 x total_slots]
+//
+// Slots [0, regular_slots) are the regular pool (CLOCK/ring eviction); slots
+// [regular_slots, total_slots) are the reserved pool, used only by Prealloc.
+//
+// Who writes what:
+// - Header: the creator, once; `magic` last (release) means "ready".
+// - Bucket.lock: any rank (shared_lock, holder id = local rank + 1).
+//   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
+//   edit one release store, so a chain is well-formed at every instruction.
+// - SlotMeta key fields: only the rank holding the slot's claim.
+// - SlotMeta.word (the futex word): CAS by the owner (MarkReady/MarkFailed), by a
+//   taker-over, by the claimer on re-key, and by recovery.
+// - pins[r][slot]: only rank r (and recovery, after r died).
+// - accessed[slot]: hits, loads and Touch set it; the CLOCK hand clears it.
+// - RankRecord r: rank r, and recovery after r died.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace ucm {
+
+constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
+constexpr uint32_t kCtrlAbi = 1;
+constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
+constexpr uint32_t kNoSlot = 0xffffffffu;
+constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
+
+enum class EvictMode : uint32_t { kClock = 0, kRing = 1 };
+enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
+
+// ---- the futex word of a slot -------------------------------------------------
+// bits 0-1: State, bit 2: someone sleeps on this word, bits 3-8: owner local rank
+// (kNoOwner = none), bits 9-31: version, bumped by every state or owner change.
+enum class State : uint32_t { kIdle = 0, kReady = 1, kFailed = 2 };
+
+constexpr uint32_t kWordStateMask = 0x3u;
+constexpr uint32_t kWordWaiters = 0x4u;
+constexpr uint32_t kWordOwnerShift = 3;
+constexpr uint32_t kWordOwnerMask = 0x3fu << kWordOwnerShift;
+constexpr uint32_t kNoOwner = 0x3fu;
+constexpr uint32_t kWordVersionShift = 9;
+
+inline State word_state(uint32_t w) { return static_cast<State>(w & kWordStateMask); }
+inline uint32_t word_owner(uint32_t w) { return (w & kWordOwnerMask) >> kWordOwnerShift; }
+inline uint32_t word_version(uint32_t w) { return w >> kWordVersionShift; }
+// The next word after `w`: new state and owner, version + 1, waiters bit clear.
+inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
+  return ((word_version(w) + 1) << kWordVersionShift) | (owner << kWordOwnerShift) | static_cast<uint32_t>(s);
+}
+// Two words differ in substance (not just in the waiters bit).
+inline bool word_changed(uint32_t a, uint32_t b) { return ((a ^ b) & ~kWordWaiters) != 0; }
+
+// ---- structs ------------------------------------------------------------------
+
+// Written once by the creator. `magic` last: attach refuses a region without it.
+struct alignas(64) CtrlHeader {
+  uint64_t magic;             // creator, written last (release): "ready"
+  uint32_t abi;               // creator: kCtrlAbi; attach refuses a mismatch
+  uint32_t header_bytes;      // creator: sizeof(CtrlHeader) as compiled there
+  uint64_t fingerprint;       // creator: hash of every layout parameter below
+  uint64_t region_bytes;      // creator: size of the whole region
+  uint64_t slot_bytes;        // creator: bytes of one shard/slot in the data plane
+  uint32_t regular_slots;     // creator
+  uint32_t reserved_slots;    // creator
+  uint32_t bucket_count;      // creator: a power of two
+  uint32_t shards_per_block;  // creator
+  uint32_t max_ranks;         // creator: local ranks that may attach (<= kMaxRanks)
+  uint32_t evict_mode;        // creator: EvictMode
+  uint64_t buckets_off;       // creator: offsets from the region base
+  uint64_t slots_off;
+  uint64_t pins_off;
+  uint64_t pin_row_bytes;     // creator: bytes between two ranks' pin rows
+  uint64_t accessed_off;
+  uint8_t reserved_[24];
+};
+static_assert(sizeof(CtrlHeader) == 128);
+static_assert(offsetof(CtrlHeader, magic) == 0);
+static_assert(offsetof(CtrlHeader, fingerprint) == 16);
+static_assert(offsetof(CtrlHeader, buckets_off) == 64);
+
+// Node-wide mutable state, one cache line per writer-hot field.
+struct alignas(64) CtrlGlobals {
+  alignas(64) std::atomic<uint64_t> clock_hand;     // any rank: regular pool cursor
+  alignas(64) std::atomic<uint64_t> reserved_hand;  // any rank: reserved pool cursor
+  alignas(64) std::atomic<uint32_t> unused_regular;  // any rank: next never-used regular slot
+  std::atomic<uint32_t> unused_reserved;             // any rank: next never-used reserved slot (offset)
+  alignas(64) std::atomic<uint32_t> recovery_lock;   // the reaper of dead ranks (shared_lock)
+  std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
+};
+static_assert(sizeof(CtrlGlobals) == 256);
+static_assert(offsetof(CtrlGlobals, recovery_lock) == 192);
+
+enum class RankState : uint32_t { kFree = 0, kJoining = 1, kAlive = 2, kReaping = 3 };
+
+// Per-rank counters; only rank r writes its own (relaxed adds), recovery never.
+struct RankCounters {
+  std::atomic<uint64_t> hits;
+  std::atomic<uint64_t> owner_misses;       // new key: victim taken, this rank loads
+  std::atomic<uint64_t> takeovers;          // Idle/Failed slot re-owned by this rank
+  std::atomic<uint64_t> waits;              // Get answered Waiter
+  std::atomic<uint64_t> evictions;          // a resident key was evicted by this rank
+  std::atomic<uint64_t> no_space;           // Get answered NoSpace
+  std::atomic<uint64_t> prealloc_made;
+  std::atomic<uint64_t> prealloc_used;      // a takeover of a preallocated slot
+  std::atomic<uint64_t> touched_slots;
+  std::atomic<uint64_t> reaps;              // dead ranks this rank recovered
+};
+
+// One per local rank. Line 0 is the identity; the counters follow.
+struct alignas(64) RankRecord {
+  std::atomic<uint32_t> state;        // rank r (join/leave), recovery (reap): RankState
+  std::atomic<int32_t> pid;           // rank r, before state = kAlive
+  std::atomic<uint64_t> start_ticks;  // rank r: start time of pid (pid reuse guard)
+  std::atomic<uint64_t> generation;   // rank r: bumped at each join
+  uint8_t pad_[40];
+  alignas(64) RankCounters counters;
+};
+static_assert(sizeof(RankRecord) == 192);
+
+struct Bucket {
+  std::atomic<uint32_t> lock;  // shared_lock word
+  std::atomic<uint32_t> head;  // holder of `lock`: first slot of the chain, kNoSlot if empty
+};
+static_assert(sizeof(Bucket) == 8);
+
+// Hits only read this struct; writes come from misses, evictions and state
+// changes, so two slots per cache line costs no false sharing on the hit path.
+struct SlotMeta {
+  std::atomic<uint64_t> key_lo;  // claim holder: block id, low half
+  std::atomic<uint64_t> key_hi;  // claim holder: block id, high half
+  std::atomic<uint32_t> shard;   // claim holder: shard index, kEmptyShard when empty
+  std::atomic<uint32_t> next;    // holder of the chain's bucket lock: next slot in chain
+  std::atomic<uint32_t> word;    // the futex word (see above)
+  std::atomic<uint32_t> claim;   // 0, or holder id of the rank re-keying this slot
+};
+static_assert(sizeof(SlotMeta) == 32);
+static_assert(offsetof(SlotMeta, word) == 24);
+
+constexpr size_t kCtrlGlobalsOff = sizeof(CtrlHeader);
+constexpr size_t kRanksOff = kCtrlGlobalsOff + sizeof(CtrlGlobals);
+
+}  // namespace ucm

@@ -1,0 +1,79 @@
+// Pins and claims: how a reader keeps a slot and how an evictor takes one.
+//
+// A pin is a 16-bit count in the pinning rank's own row (pins[rank][slot]), so
+// pins are attributable (recovery zeroes a dead rank's row) and two ranks
+// hitting the same slot never write the same cache line. A claim is a CAS of
+// SlotMeta.claim from 0 to the claimer's holder id; only the claimer may change
+// the slot's key or chain membership.
+//
+// Pin and claim exclude each other Dekker-style, with sequentially consistent
+// operations on both sides:
+//   pinner:  pins[r][i] += 1;   then read claim;  claim != 0 -> undo, back off
+//   evictor: claim 0 -> me;     then read all pins; any != 0 -> unclaim, skip
+// In the single total order of these operations one side always sees the
+// other, so a slot is never re-keyed under a pin. A pinner then re-checks the
+// key: the slot may have been re-keyed before the pin landed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "ctrl/buffer_ctrl.h"
+
+namespace ucm {
+
+enum class PinResult { kPinned, kClaimed, kOverflow };
+
+inline PinResult pin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
+  std::atomic<uint16_t>& p = c.pin(rank, i);
+  uint16_t before = p.fetch_add(1, std::memory_order_seq_cst);
+  if (before == 0xffff) {
+    p.fetch_sub(1, std::memory_order_relaxed);
+    return PinResult::kOverflow;
+  }
+  if (c.slot(i).claim.load(std::memory_order_seq_cst) != 0) {
+    p.fetch_sub(1, std::memory_order_release);
+    return PinResult::kClaimed;
+  }
+  return PinResult::kPinned;
+}
+
+// Pin a slot the caller holds the claim of (no claim check: the caller is the
+// claimer, so nobody else can claim it).
+inline void pin_claimed_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
+  c.pin(rank, i).fetch_add(1, std::memory_order_relaxed);
+}
+
+// Drops one pin; returns the count this rank still holds on the slot.
+inline uint16_t unpin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
+  return static_cast<uint16_t>(c.pin(rank, i).fetch_sub(1, std::memory_order_release) - 1);
+}
+
+inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
+  for (uint32_t r = 0; r < c.max_ranks(); ++r)
+    if (c.pin(r, i).load(mo) != 0) return true;
+  return false;
+}
+
+inline uint32_t pin_count(const BufferCtrl& c, uint32_t i) {
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < c.max_ranks(); ++r) n += c.pin(r, i).load(std::memory_order_relaxed);
+  return n;
+}
+
+// Claims slot i for `holder` if nobody claims or pins it.
+inline bool claim_slot(const BufferCtrl& c, uint32_t holder, uint32_t i) {
+  SlotMeta& s = c.slot(i);
+  if (s.claim.load(std::memory_order_relaxed) != 0) return false;
+  uint32_t expected = 0;
+  if (!s.claim.compare_exchange_strong(expected, holder, std::memory_order_seq_cst)) return false;
+  if (slot_pinned(c, i, std::memory_order_seq_cst)) {
+    s.claim.store(0, std::memory_order_release);
+    return false;
+  }
+  return true;
+}
+
+inline void unclaim_slot(const BufferCtrl& c, uint32_t i) { c.slot(i).claim.store(0, std::memory_order_release); }
+
+}  // namespace ucm

@@ -1,0 +1,43 @@
+// Recovery from dead ranks: a rank may be SIGKILLed at any instruction.
+//
+// Detection is by whoever waits on something the dead rank held, within one
+// liveness slice (default 50 ms): a bucket lock (shared_lock reports the dead
+// holder), a slot being loaded (the waiter checks the owner in the futex word),
+// a claim that does not go away, or a cache with no victim (pins of the dead).
+// That process then calls reap_dead_ranks(), which, under the node-wide
+// recovery lock (itself stolen if its holder died):
+//   1. marks every registered rank whose process is gone as kReaping;
+//   2. steals and releases every bucket lock such a rank held: each chain edit
+//      is one store, so chains are well-formed;
+//   3. per slot: zeroes the dead ranks' pins; a slot claimed by a dead rank is
+//      either on the chain of its key's bucket (the claim is dropped) or
+//      floating (its key is cleared so CLOCK can reuse it); a slot a dead rank
+//      was loading (Idle, owner dead) becomes Failed and its sleepers are woken,
+//      so no half-loaded slot is ever served as Ready and a waiter takes over;
+//   4. frees the dead ranks' records.
+// Every step is idempotent: a reaper that dies itself is reaped by the next.
+#pragma once
+
+#include <cstdint>
+
+#include "common/result.h"
+#include "ctrl/buffer_ctrl.h"
+#include "sync/shared_lock.h"
+
+namespace ucm {
+
+// Reaps every dead local rank; `me` is the caller's local rank. *reaped (optional)
+// receives how many were reaped.
+[[nodiscard]] Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped);
+
+// True if some registered rank's process is gone (cheap enough for slow paths).
+bool any_rank_dead(const BufferCtrl& c);
+
+// A LockWaitPolicy whose liveness probe asks c.rank_alive(holder id - 1).
+LockWaitPolicy lock_policy_for(const BufferCtrl& c, uint64_t slice_ns);
+
+// Locks bucket b for rank `me`, reaping a dead holder and retrying. Deadline
+// is absolute (ns); returns kOk or kTimeout.
+[[nodiscard]] Result lock_bucket(const BufferCtrl& c, uint32_t me, uint32_t b, uint64_t slice_ns, uint64_t deadline);
+
+}  // namespace ucm

@@ -1,0 +1,52 @@
+// A cross-process lock in one 32-bit word of shared memory that names its holder.
+//
+// Word: 0 = free; otherwise bits 0..15 hold the holder id (local rank + 1) and
+// bit 31 says that someone may be sleeping on it. Lock takes it with a CAS;
+// a contended locker sets bit 31 and futex-waits in slices. After each slice it
+// asks `holder_alive(holder id)`; a dead holder ends the wait with kPeerDead so
+// the caller can run recovery (which steals the lock with `shared_lock_steal`).
+// Unlock is one exchange to 0 and a wake of one sleeper if bit 31 was set.
+//
+// The lock is not recursive and holder ids are per process: threads of one
+// process share an id, which is fine because a thread cannot die alone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/result.h"
+
+namespace ucm {
+
+constexpr uint32_t kLockContended = 0x80000000u;
+constexpr uint32_t kLockHolderMask = 0x0000ffffu;
+
+inline uint32_t lock_holder(uint32_t word) { return word & kLockHolderMask; }
+
+using HolderAliveFn = bool (*)(void* ctx, uint32_t holder_id);
+
+struct LockWaitPolicy {
+  uint64_t slice_ns = 50'000'000;  // how often a sleeper checks the holder's liveness
+  HolderAliveFn holder_alive = nullptr;
+  void* ctx = nullptr;
+};
+
+// Acquires the lock for `holder_id` (1..65535). Returns kOk, kTimeout when the
+// absolute deadline passes, or kPeerDead with *dead_holder set when the holder
+// died (the lock is then still held by the dead id: steal it to recover).
+[[nodiscard]] Result shared_lock(std::atomic<uint32_t>* word, uint32_t holder_id, uint64_t deadline_ns,
+                                 const LockWaitPolicy& policy, uint32_t* dead_holder);
+
+inline bool shared_try_lock(std::atomic<uint32_t>* word, uint32_t holder_id) {
+  uint32_t expected = 0;
+  return word->compare_exchange_strong(expected, holder_id, std::memory_order_acquire,
+                                       std::memory_order_relaxed);
+}
+
+void shared_unlock(std::atomic<uint32_t>* word);
+
+// Takes over a lock whose holder is `dead_holder_id` (recovery only). Returns
+// false if the word no longer names that holder.
+bool shared_lock_steal(std::atomic<uint32_t>* word, uint32_t dead_holder_id, uint32_t new_holder_id);
+
+}  // namespace ucm
