@@ -1,0 +1,229 @@
+// CacheBuffer's protocol in one process: two ranks over the same planes.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "ctrl/clock.h"
+#include "ctrl/pins.h"
+
+namespace ucm::test {
+namespace {
+
+class TwoRanks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    make_cache(params(8, 2, 256, 4), &tc_);
+    ASSERT_EQ(tc_.ctrl.join(0), Result::kOk);
+    ASSERT_EQ(tc_.ctrl.join(1), Result::kOk);
+    CacheOptions o1;
+    o1.rank = 1;
+    r0_ = std::make_unique<CacheBuffer>(&tc_.ctrl, &tc_.data, CacheOptions{});
+    r1_ = std::make_unique<CacheBuffer>(&tc_.ctrl, &tc_.data, o1);
+  }
+  TestCache tc_;
+  std::unique_ptr<CacheBuffer> r0_, r1_;
+};
+
+TEST_F(TwoRanks, OwnerFillsThenPeerHitsTheSameBytes) {
+  GetResult g;
+  ASSERT_EQ(r0_->get(key(1, 2), &g), Result::kOk);
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  std::memset(r0_->data_at(g.slot), 0x3c, 256);
+  EXPECT_FALSE(r1_->exists(key(1, 2))) << "not Ready yet";
+  ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+  r0_->release(g.slot);
+  EXPECT_TRUE(r1_->exists(key(1, 2)));
+  GetResult h;
+  ASSERT_EQ(r1_->get(key(1, 2), &h), Result::kOk);
+  EXPECT_EQ(h.kind, GetKind::kHit);
+  EXPECT_EQ(h.slot, g.slot);
+  EXPECT_EQ(static_cast<uint8_t*>(r1_->data_at(h.slot))[255], 0x3c);
+  EXPECT_EQ(tc_.ctrl.pin(1, h.slot).load(), 1u) << "the pin is rank 1's";
+  r1_->release(h.slot);
+  EXPECT_EQ(pin_count(tc_.ctrl, h.slot), 0u);
+}
+
+TEST_F(TwoRanks, AWaiterSeesFailedAndTakesOverExactlyOnce) {
+  GetResult o, w1;
+  ASSERT_EQ(r0_->get(key(2, 0), &o), Result::kOk);
+  ASSERT_EQ(r1_->get(key(2, 0), &w1), Result::kOk);
+  ASSERT_EQ(w1.kind, GetKind::kWaiter);
+  ASSERT_EQ(r0_->mark_failed(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  uint32_t now = 0;
+  ASSERT_EQ(r1_->wait_for_change(w1.slot, w1.word, deadline_after_ms(1000), &now), Result::kOk);
+  EXPECT_EQ(word_state(now), State::kFailed);
+  EXPECT_TRUE(r1_->try_take_over(w1.slot, now));
+  EXPECT_FALSE(r0_->try_take_over(w1.slot, now)) << "the word moved on: one winner";
+  EXPECT_EQ(word_owner(tc_.ctrl.slot(w1.slot).word.load()), 1u);
+  ASSERT_EQ(r1_->mark_ready(w1.slot), Result::kOk);
+  r1_->release(w1.slot);
+  EXPECT_TRUE(r0_->exists(key(2, 0)));
+}
+
+TEST_F(TwoRanks, AFailedSlotIsTakenOverByTheNextGet) {
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(3, 1), &o), Result::kOk);
+  ASSERT_EQ(r0_->mark_failed(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  GetResult again;
+  ASSERT_EQ(r1_->get(key(3, 1), &again), Result::kOk);
+  EXPECT_EQ(again.kind, GetKind::kOwner);
+  EXPECT_EQ(again.slot, o.slot) << "same slot, re-owned, no eviction";
+  EXPECT_EQ(r1_->counters().takeovers.load(), 1u);
+  r1_->release(again.slot);  // abandoned: becomes Failed again
+  EXPECT_EQ(word_state(tc_.ctrl.slot(o.slot).word.load()), State::kFailed);
+}
+
+TEST_F(TwoRanks, ReleasingAnUnfinishedLoadWakesItsWaiter) {
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(4, 0), &o), Result::kOk);
+  ASSERT_EQ(r1_->get(key(4, 0), &w), Result::kOk);
+  ASSERT_EQ(w.kind, GetKind::kWaiter);
+  std::atomic<uint32_t> seen{0};
+  std::thread waiter([&] {
+    uint32_t now = 0;
+    if (r1_->wait_for_change(w.slot, w.word, deadline_after_ms(5000), &now) == Result::kOk) seen = now;
+  });
+  usleep(20000);
+  r0_->release(o.slot);  // never marked: abandoned
+  waiter.join();
+  EXPECT_EQ(word_state(seen.load()), State::kFailed);
+  r1_->release(w.slot);
+}
+
+TEST_F(TwoRanks, OnlyTheOwnerMayMarkAndTheErrorSaysWhy) {
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(5, 0), &o), Result::kOk);
+  EXPECT_EQ(r1_->mark_ready(o.slot), Result::kBadState);
+  EXPECT_NE(last_error().find("not a load owned by rank 1"), std::string::npos) << last_error();
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  EXPECT_EQ(r0_->mark_ready(o.slot), Result::kBadState) << "already Ready";
+  EXPECT_EQ(r0_->mark_ready(999), Result::kInvalidArg);
+  r0_->release(o.slot);
+}
+
+TEST_F(TwoRanks, WaitForChangeTimesOutWithAReason) {
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(6, 0), &o), Result::kOk);
+  ASSERT_EQ(r1_->get(key(6, 0), &w), Result::kOk);
+  uint32_t now = 0;
+  EXPECT_EQ(r1_->wait_for_change(w.slot, w.word, deadline_after_ms(30), &now), Result::kTimeout);
+  EXPECT_NE(last_error().find("still Idle (owner 0)"), std::string::npos) << last_error();
+  r1_->release(w.slot);
+  r0_->release(o.slot);
+}
+
+TEST_F(TwoRanks, EverythingPinnedIsNoSpaceThenRecovers) {
+  std::vector<uint32_t> held;
+  for (uint64_t b = 0; b < 8; ++b) {
+    GetResult g;
+    ASSERT_EQ(r0_->get(key(100 + b, 0), &g), Result::kOk);
+    ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+    held.push_back(g.slot);
+  }
+  GetResult g;
+  EXPECT_EQ(r1_->get(key(200, 0), &g), Result::kNoSpace);
+  EXPECT_NE(last_error().find("every slot is pinned"), std::string::npos) << last_error();
+  EXPECT_EQ(r1_->counters().no_space.load(), 1u);
+  r0_->release(held[3]);
+  ASSERT_EQ(r1_->get(key(200, 0), &g), Result::kOk);
+  EXPECT_EQ(g.kind, GetKind::kOwner);
+  EXPECT_TRUE(g.evicted);
+  r1_->release(g.slot);
+  for (uint32_t s : held)
+    if (s != held[3]) r0_->release(s);
+}
+
+TEST_F(TwoRanks, BadShardIsNamed) {
+  GetResult g;
+  EXPECT_EQ(r0_->get(key(1, 4), &g), Result::kInvalidArg);
+  EXPECT_NE(last_error().find("shard 4 >= shards_per_block 4"), std::string::npos) << last_error();
+  EXPECT_FALSE(r0_->exists(key(1, 4)));
+}
+
+TEST_F(TwoRanks, PollModeWaiterWakesWithinAPollInterval) {
+  CacheOptions poll;
+  poll.rank = 1;
+  poll.wait = WaitMode::kPoll;
+  CacheBuffer polling(&tc_.ctrl, &tc_.data, poll);
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(7, 0), &o), Result::kOk);
+  ASSERT_EQ(polling.get(key(7, 0), &w), Result::kOk);
+  std::thread owner([&] {
+    usleep(15000);
+    ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  });
+  uint32_t now = 0;
+  ASSERT_EQ(polling.wait_for_change(w.slot, w.word, deadline_after_ms(5000), &now), Result::kOk);
+  EXPECT_EQ(word_state(now), State::kReady);
+  owner.join();
+  polling.release(w.slot);
+  r0_->release(o.slot);
+}
+
+TEST_F(TwoRanks, ASchedulerViewAnswersExistsOnly) {
+  BufferCtrl ctrl_only;
+  ASSERT_EQ(BufferCtrl::attach(tc_.ctrl.fd(), nullptr, &ctrl_only), Result::kOk);
+  ASSERT_EQ(ctrl_only.join(2), Result::kOk);
+  CacheOptions so;
+  so.rank = 2;
+  CacheBuffer sched(&ctrl_only, nullptr, so);
+  EXPECT_TRUE(sched.scheduler());
+  GetResult g;
+  ASSERT_EQ(r0_->get(key(9, 3), &g), Result::kOk);
+  ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+  r0_->release(g.slot);
+  EXPECT_TRUE(sched.exists(key(9, 3)));
+  EXPECT_FALSE(sched.exists(key(9, 2)));
+  EXPECT_EQ(sched.data_at(g.slot), nullptr);
+  EXPECT_EQ(sched.get(key(9, 3), &g), Result::kBadState);
+  EXPECT_NE(last_error().find("scheduler"), std::string::npos);
+  const BlockId b = block(9);
+  EXPECT_EQ(sched.touch(&b, 1), 1u);
+  PreallocOutcome po;
+  EXPECT_EQ(sched.prealloc(key(9, 0), &po), Result::kBadState);
+}
+
+TEST(CacheThreads, ManyThreadsOfOneRankShareItsPins) {
+  TestCache tc;
+  make_cache(params(32, 0, 64, 8, 2), &tc);
+  ASSERT_EQ(tc.ctrl.join(0), Result::kOk);
+  CacheBuffer cb(&tc.ctrl, &tc.data, CacheOptions{});
+  std::atomic<uint64_t> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      uint64_t x = 0x9e3779b97f4a7c15ull * (t + 1);
+      for (int i = 0; i < 20000; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const Key k = key(x % 48, static_cast<uint32_t>((x >> 8) % 8));
+        GetResult g;
+        if (cb.get(k, &g) != Result::kOk) continue;  // kNoSpace is possible with 4 threads x 1 pin
+        uint8_t* p = static_cast<uint8_t*>(cb.data_at(g.slot));
+        const uint8_t want = static_cast<uint8_t>(k.block.lo * 31 + k.shard);
+        if (g.kind == GetKind::kOwner) {
+          std::memset(p, want, 64);
+          (void)cb.mark_ready(g.slot);
+        } else if (g.kind == GetKind::kWaiter) {
+          uint32_t w = g.word;
+          while (word_state(w) == State::kIdle)
+            if (cb.wait_for_change(g.slot, w, deadline_after_ms(5000), &w) != Result::kOk) break;
+          if (word_state(w) != State::kReady) {
+            cb.release(g.slot);
+            continue;
+          }
+        }
+        if (p[0] != want || p[63] != want) bad.fetch_add(1);
+        cb.release(g.slot);
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+  for (uint32_t s = 0; s < 32; ++s) EXPECT_EQ(pin_count(tc.ctrl, s), 0u) << "slot " << s;
+}
+
+}  // namespace
+}  // namespace ucm::test

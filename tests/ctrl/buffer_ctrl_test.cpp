@@ -1,0 +1,185 @@
+// The control region's header contract: every corruption is a precise error.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "ctrl/layout.h"
+
+namespace ucm::test {
+namespace {
+
+// Maps the region of `c` writable, to corrupt it as a stray writer would.
+CtrlHeader* writable_header(const BufferCtrl& c, void** map) {
+  *map = mmap(nullptr, c.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, c.fd(), 0);
+  EXPECT_NE(*map, MAP_FAILED);
+  return static_cast<CtrlHeader*>(*map);
+}
+
+Result attach_result(int fd, const CtrlParams* expect = nullptr) {
+  BufferCtrl other;
+  return BufferCtrl::attach(fd, expect, &other);
+}
+
+bool error_has(const char* needle) { return last_error().find(needle) != std::string::npos; }
+
+TEST(CtrlHeader, AttachSeesTheCreatorsLayoutAndWrites) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(100, 10), &c), Result::kOk) << last_error();
+  EXPECT_EQ(c.bucket_count(), 128u) << "next power of two >= 110 slots";
+  BufferCtrl d;
+  const CtrlParams expect = params(100, 10);
+  ASSERT_EQ(BufferCtrl::attach(c.fd(), &expect, &d), Result::kOk) << last_error();
+  EXPECT_EQ(d.total_slots(), 110u);
+  EXPECT_NE(d.fd(), c.fd()) << "attach keeps its own fd";
+  c.slot(7).key_lo.store(0xabcdef);
+  EXPECT_EQ(d.slot(7).key_lo.load(), 0xabcdefu) << "one region, two mappings";
+}
+
+TEST(CtrlHeader, FlippedMagicIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->magic ^= 1;
+  EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt);
+  EXPECT_TRUE(error_has("bad magic")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, UninitializedRegionSaysSo) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->magic = 0;
+  EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt);
+  EXPECT_TRUE(error_has("never initialized")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, OtherAbiIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->abi = kCtrlAbi + 1;
+  EXPECT_EQ(attach_result(c.fd()), Result::kAbiMismatch);
+  EXPECT_TRUE(error_has("ABI 2, this library speaks ABI 1")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, OtherHeaderSizeIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->header_bytes = 96;
+  EXPECT_EQ(attach_result(c.fd()), Result::kAbiMismatch);
+  EXPECT_TRUE(error_has("header is 96 bytes")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, FingerprintThatDisagreesWithTheParametersIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->fingerprint ^= 0x100;
+  EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt);
+  EXPECT_TRUE(error_has("fingerprint")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, ACorruptedParameterIsCaughtByTheFingerprint) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->regular_slots = 9;
+  EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt);
+  EXPECT_TRUE(error_has("does not match its own parameters")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+TEST(CtrlHeader, TruncatedRegionIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(64), &c), Result::kOk);
+  // A copy of the region cut short, sealed like a real one.
+  const size_t cut = c.region_bytes() / 2;
+  int fd = memfd_create("truncated", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  void* src = mmap(nullptr, c.region_bytes(), PROT_READ, MAP_SHARED, c.fd(), 0);
+  ASSERT_EQ(write(fd, src, cut), static_cast<ssize_t>(cut));
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  EXPECT_EQ(attach_result(fd), Result::kCorrupt);
+  EXPECT_TRUE(error_has("truncated")) << last_error();
+
+  // Shorter than the header itself.
+  int tiny = memfd_create("tiny", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(write(tiny, src, 100), 100);
+  ASSERT_EQ(fcntl(tiny, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_EQ(attach_result(tiny), Result::kCorrupt);
+  EXPECT_TRUE(error_has("the header alone needs 128")) << last_error();
+  munmap(src, c.region_bytes());
+  close(fd);
+  close(tiny);
+}
+
+TEST(CtrlHeader, UnsealedRegionIsRefused) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  int fd = memfd_create("unsealed", MFD_CLOEXEC);
+  void* src = mmap(nullptr, c.region_bytes(), PROT_READ, MAP_SHARED, c.fd(), 0);
+  ASSERT_EQ(write(fd, src, c.region_bytes()), static_cast<ssize_t>(c.region_bytes()));
+  EXPECT_EQ(attach_result(fd), Result::kCorrupt);
+  EXPECT_TRUE(error_has("not sealed")) << last_error();
+  munmap(src, c.region_bytes());
+  close(fd);
+}
+
+TEST(CtrlHeader, MismatchedExpectationNamesTheFieldAndBothValues) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8, 0, 4096), &c), Result::kOk);
+  CtrlParams other = params(8, 0, 8192);
+  EXPECT_EQ(attach_result(c.fd(), &other), Result::kConfigMismatch);
+  EXPECT_TRUE(error_has("slot_bytes: the control region has 4096, this rank expects 8192")) << last_error();
+  other = params(8, 0, 4096, 16, 4, EvictMode::kRing);
+  EXPECT_EQ(attach_result(c.fd(), &other), Result::kConfigMismatch);
+  EXPECT_TRUE(error_has("evict")) << last_error();
+}
+
+TEST(CtrlParamsCheck, EveryBadValueIsNamed) {
+  BufferCtrl c;
+  EXPECT_EQ(BufferCtrl::create(params(8, 0, 0), &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("slot_bytes is 0")) << last_error();
+  EXPECT_EQ(BufferCtrl::create(params(0), &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("regular_slots is 0")) << last_error();
+  EXPECT_EQ(BufferCtrl::create(params(8, 0, 64, 0), &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("shards_per_block 0")) << last_error();
+  EXPECT_EQ(BufferCtrl::create(params(8, 0, 64, 4, 17), &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("max_ranks 17")) << last_error();
+  CtrlParams p = params(8);
+  p.bucket_count = 12;
+  EXPECT_EQ(BufferCtrl::create(p, &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("bucket_count 12 is not a power of two")) << last_error();
+  p = params(8);
+  p.evict = static_cast<EvictMode>(7);
+  EXPECT_EQ(BufferCtrl::create(p, &c), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("evict mode 7")) << last_error();
+}
+
+TEST(CtrlRanks, JoinRefusesALiveHolderAndNamesIt) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  ASSERT_EQ(c.join(1), Result::kOk);
+  EXPECT_TRUE(c.rank_alive(1));
+  EXPECT_EQ(c.join(1), Result::kBadState);
+  EXPECT_TRUE(error_has("already attached by live pid")) << last_error();
+  EXPECT_EQ(c.join(4), Result::kInvalidArg);
+  EXPECT_TRUE(error_has("local rank 4 >= max_ranks 4")) << last_error();
+  c.leave(1);
+  EXPECT_FALSE(c.rank_alive(1));
+  EXPECT_EQ(c.join(1), Result::kOk);
+}
+
+}  // namespace
+}  // namespace ucm::test

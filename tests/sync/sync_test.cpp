@@ -1,0 +1,147 @@
+// Futex wait/wake and the holder-naming shared lock, across real processes.
+#include <sys/mman.h>
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "common/time.h"
+#include "sync/futex.h"
+#include "sync/process_identity.h"
+#include "sync/shared_lock.h"
+
+namespace ucm::test {
+namespace {
+
+// A page shared with forked children.
+template <typename T>
+T* shared_page() {
+  void* m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(m, MAP_FAILED);
+  return new (m) T();
+}
+
+TEST(Futex, WaitOnAStaleValueReturnsAtOnce) {
+  std::atomic<uint32_t> w{5};
+  EXPECT_EQ(futex_wait(&w, 4, deadline_after_ms(5000)), FutexResult::kValueChanged);
+}
+
+TEST(Futex, WaitTimesOutAtTheDeadline) {
+  std::atomic<uint32_t> w{5};
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(futex_wait(&w, 5, t0 + 20'000'000), FutexResult::kTimedOut);
+  EXPECT_GE(now_ns(), t0 + 20'000'000);
+}
+
+TEST(Futex, WakeReachesAnotherProcess) {
+  auto* w = shared_page<std::atomic<uint32_t>>();
+  pid_t child = fork_child([&] {
+    while (w->load() == 0) futex_wait(w, 0, deadline_after_ms(10000));
+    return w->load() == 1 ? 0 : 1;
+  });
+  usleep(20000);
+  w->store(1);
+  futex_wake(w, kWakeAll);
+  EXPECT_EQ(wait_child(child, 10000), 0);
+  munmap(w, 4096);
+}
+
+TEST(ProcessIdentity, SelfIsAliveAndAReapedChildIsNot) {
+  EXPECT_TRUE(is_alive(self_identity()));
+  ProcessIdentity other = self_identity();
+  other.start_ticks += 1;
+  EXPECT_FALSE(is_alive(other)) << "same pid, other start time: a reused pid";
+  auto* id = shared_page<ProcessIdentity>();
+  pid_t child = fork_child([&] {
+    *id = self_identity();
+    return 0;
+  });
+  ASSERT_EQ(wait_child(child, 10000), 0);
+  EXPECT_EQ(id->pid, child);
+  EXPECT_FALSE(is_alive(*id));
+}
+
+TEST(ProcessIdentity, AZombieIsDead) {
+  auto* id = shared_page<ProcessIdentity>();
+  pid_t child = fork_child([&] {
+    *id = self_identity();
+    return 0;
+  });
+  // Not reaped yet: a zombie until waitpid.
+  while (read_start_ticks(child, nullptr) != 0) {
+    char st = '?';
+    read_start_ticks(child, &st);
+    if (st == 'Z') break;
+    usleep(1000);
+  }
+  EXPECT_FALSE(is_alive(*id));
+  wait_child(child, 10000);
+}
+
+TEST(SharedLock, ExcludesAndTimesOut) {
+  std::atomic<uint32_t> w{0};
+  LockWaitPolicy pol;
+  uint32_t dead = 0;
+  ASSERT_EQ(shared_lock(&w, 3, kNoDeadline, pol, &dead), Result::kOk);
+  EXPECT_EQ(lock_holder(w.load()), 3u);
+  EXPECT_FALSE(shared_try_lock(&w, 4));
+  EXPECT_EQ(shared_lock(&w, 4, now_ns() + 30'000'000, pol, &dead), Result::kTimeout);
+  EXPECT_NE(last_error().find("held by id 3"), std::string::npos) << last_error();
+  shared_unlock(&w);
+  EXPECT_TRUE(shared_try_lock(&w, 4));
+  shared_unlock(&w);
+}
+
+TEST(SharedLock, ContendedThreadsAllGetThrough) {
+  std::atomic<uint32_t> w{0};
+  uint64_t counter = 0;
+  std::vector<std::thread> ts;
+  for (uint32_t t = 1; t <= 4; ++t)
+    ts.emplace_back([&, t] {
+      LockWaitPolicy pol;
+      for (int i = 0; i < 20000; ++i) {
+        ASSERT_EQ(shared_lock(&w, t, kNoDeadline, pol, nullptr), Result::kOk);
+        ++counter;
+        shared_unlock(&w);
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(counter, 80000u);
+  EXPECT_EQ(w.load(), 0u);
+}
+
+TEST(SharedLock, ADeadHolderIsReportedWithinASliceAndCanBeStolen) {
+  struct Shared {
+    std::atomic<uint32_t> lock{0};
+    std::atomic<uint32_t> held{0};
+  };
+  auto* s = shared_page<Shared>();
+  pid_t child = fork_child([&] {
+    if (!shared_try_lock(&s->lock, 7)) return 1;
+    s->held.store(1);
+    pause();
+    return 0;
+  });
+  while (s->held.load() == 0) usleep(1000);
+  kill(child, SIGKILL);
+  wait_child(child, 10000);
+
+  LockWaitPolicy pol;
+  pol.slice_ns = 20'000'000;
+  pol.holder_alive = [](void*, uint32_t holder) { return holder != 7; };
+  uint32_t dead = 0;
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(shared_lock(&s->lock, 2, t0 + 5'000'000'000ull, pol, &dead), Result::kPeerDead);
+  EXPECT_EQ(dead, 7u);
+  EXPECT_LT(now_ns() - t0, 2'000'000'000ull) << "detected within the bound";
+  EXPECT_TRUE(shared_lock_steal(&s->lock, 7, 2));
+  EXPECT_EQ(lock_holder(s->lock.load()), 2u);
+  EXPECT_FALSE(shared_lock_steal(&s->lock, 7, 3)) << "no longer held by the dead id";
+  shared_unlock(&s->lock);
+  munmap(s, 4096);
+}
+
+}  // namespace
+}  // namespace ucm::test
