@@ -1,0 +1,83 @@
+// The lower layer the cache loads from and writes through to.
+//
+// A Backend moves whole shards between host memory and a store. It is
+// asynchronous: load() and dump() queue an IoRequest and return at once; the
+// store calls req->done(req) exactly once, from one of its own threads (or
+// inline, for an immediate error), with req->result set. The request memory
+// belongs to the caller until done() runs; the buffer must stay valid as long.
+// touch() and exists() are synchronous and cheap.
+//
+// Stores are chosen by a spec string, "scheme:args":
+//   sim:latency_us=500,gbps=4,max_inflight=64     (sim_backend.cpp)
+//   posix:/path/to/dir,depth=8,direct=auto         (posix_backend.cpp)
+// A new store is one file plus one line in registry.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/key.h"
+#include "common/result.h"
+
+namespace ucm {
+
+struct IoRequest {
+  Key key;
+  void* buf = nullptr;      // load: destination; dump: source
+  uint64_t bytes = 0;       // must equal the store's shard_bytes
+  void (*done)(IoRequest* req) = nullptr;
+  void* user = nullptr;     // for the caller
+  Result result = Result::kOk;
+  char error[160] = {};     // on failure: what failed, with the value
+};
+
+// What every store knows about the cache it serves.
+struct BackendContext {
+  uint64_t shard_bytes = 0;
+  uint32_t shards_per_block = 0;
+};
+
+struct BackendCounters {
+  uint64_t loads = 0;           // load requests completed (ok or not)
+  uint64_t load_failures = 0;
+  uint64_t dumps = 0;
+  uint64_t dump_failures = 0;
+  uint64_t touches = 0;         // blocks passed to touch()
+  uint64_t bytes_loaded = 0;
+  uint64_t bytes_dumped = 0;
+  uint64_t inflight_loads = 0;  // now
+  uint64_t peak_inflight_loads = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual void load(IoRequest* req) = 0;
+  virtual void dump(IoRequest* req) = 0;
+  virtual void touch(const BlockId* blocks, size_t n) = 0;
+  // Whether the store holds a complete copy of k.
+  [[nodiscard]] virtual Result exists(const Key& k, bool* out) = 0;
+  virtual BackendCounters counters() const = 0;
+};
+
+// Builds the store named by `spec`. Errors name the bad part of the spec.
+[[nodiscard]] Result make_backend(const std::string& spec, const BackendContext& ctx, std::unique_ptr<Backend>* out);
+
+// Completes a request with an error formatted into req->error.
+void complete_with(IoRequest* req, Result r, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// Counters shared by the stores' implementations.
+struct AtomicBackendCounters {
+  std::atomic<uint64_t> loads{0}, load_failures{0}, dumps{0}, dump_failures{0}, touches{0};
+  std::atomic<uint64_t> bytes_loaded{0}, bytes_dumped{0}, inflight_loads{0}, peak_inflight_loads{0};
+  void load_started();
+  void load_finished(const IoRequest& req);
+  void dump_finished(const IoRequest& req);
+  BackendCounters snapshot() const;
+};
+
+}  // namespace ucm

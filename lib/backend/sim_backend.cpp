@@ -1,0 +1,265 @@
+#include "backend/sim_backend.h"
+
+#include <cinttypes>
+#include <cstdlib>
+
+#include "backend/sim_content.h"
+#include "common/log.h"
+#include "common/time.h"
+
+namespace ucm {
+namespace {
+
+constexpr size_t kTouchLogLimit = 1u << 20;
+
+// "12.3+15.0" -> keys (block lo 12 shard 3, block lo 15 shard 0).
+Result parse_key_list(const std::string& name, const std::string& value, std::vector<Key>* out) {
+  size_t pos = 0;
+  while (pos < value.size()) {
+    size_t end = value.find('+', pos);
+    if (end == std::string::npos) end = value.size();
+    const std::string item = value.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t dot = item.find('.');
+    char* e1 = nullptr;
+    char* e2 = nullptr;
+    Key k;
+    if (dot == std::string::npos) return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());
+    k.block.lo = std::strtoull(item.substr(0, dot).c_str(), &e1, 10);
+    k.shard = static_cast<uint32_t>(std::strtoul(item.substr(dot + 1).c_str(), &e2, 10));
+    if (*e1 != '\0' || *e2 != '\0' || dot == 0 || dot + 1 == item.size())
+      return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());
+    out->push_back(k);
+  }
+  return Result::kOk;
+}
+
+// Faults named in a spec match on the block id's low half and the shard only.
+Key fault_key(const Key& k) {
+  Key f = k;
+  f.block.hi = 0;
+  return f;
+}
+
+}  // namespace
+
+Result make_sim_backend(const Spec& spec, const BackendContext& ctx, std::unique_ptr<Backend>* out) {
+  SimOptions o;
+  std::vector<Key> fails, hangs;
+  UCM_CHECK(SimBackend::parse_options(spec, &o, &fails, &hangs));
+  std::unique_ptr<SimBackend> b;
+  UCM_CHECK(SimBackend::create(o, ctx, &b));
+  for (const Key& k : fails) b->fail_key(k);
+  for (const Key& k : hangs) b->hang_key(k);
+  *out = std::move(b);
+  return Result::kOk;
+}
+
+Result SimBackend::parse_options(const Spec& spec, SimOptions* o, std::vector<Key>* fails, std::vector<Key>* hangs) {
+  if (!spec.positional.empty())
+    return fail(Result::kInvalidArg, "sim backend: unexpected \"%s\" (options are key=value)", spec.positional.c_str());
+  for (const auto& [k, v] : spec.options) {
+    uint64_t u = 0;
+    if (k == "latency_us") {
+      UCM_CHECK(spec_u64(k, v, 0, 60'000'000, &o->latency_us));
+    } else if (k == "gbps") {
+      UCM_CHECK(spec_double(k, v, 0, 1e6, &o->gbps));
+    } else if (k == "max_inflight") {
+      UCM_CHECK(spec_u64(k, v, 1, 1 << 20, &u));
+      o->max_inflight = static_cast<uint32_t>(u);
+    } else if (k == "workers") {
+      UCM_CHECK(spec_u64(k, v, 1, 256, &u));
+      o->workers = static_cast<uint32_t>(u);
+    } else if (k == "fail_fraction") {
+      UCM_CHECK(spec_double(k, v, 0, 1, &o->fail_fraction));
+    } else if (k == "seed") {
+      UCM_CHECK(spec_u64(k, v, 0, UINT64_MAX, &o->seed));
+    } else if (k == "populated") {
+      if (v != "all" && v != "dumped")
+        return fail(Result::kInvalidArg, "backend option populated=%s is neither all nor dumped", v.c_str());
+      o->populated_all = v == "all";
+    } else if (k == "fail_keys") {
+      UCM_CHECK(parse_key_list(k, v, fails));
+    } else if (k == "hang_keys") {
+      UCM_CHECK(parse_key_list(k, v, hangs));
+    } else {
+      return fail(Result::kInvalidArg, "sim backend: unknown option \"%s\"", k.c_str());
+    }
+  }
+  return Result::kOk;
+}
+
+SimBackend::SimBackend(const SimOptions& o, const BackendContext& ctx) : opts_(o), ctx_(ctx) {}
+
+Result SimBackend::create(const SimOptions& o, const BackendContext& ctx, std::unique_ptr<SimBackend>* out) {
+  if (o.max_inflight == 0) return fail(Result::kInvalidArg, "sim backend: max_inflight is 0");
+  if (o.workers == 0) return fail(Result::kInvalidArg, "sim backend: workers is 0");
+  std::unique_ptr<SimBackend> b(new SimBackend(o, ctx));
+  for (uint32_t i = 0; i < o.workers; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
+  UCM_INFO(kBackend, "sim store: latency %" PRIu64 " us, %.2f GB/s per request, %u in flight, %u workers",
+           o.latency_us, o.gbps, o.max_inflight, o.workers);
+  *out = std::move(b);
+  return Result::kOk;
+}
+
+SimBackend::~SimBackend() {
+  std::vector<IoRequest*> abandoned;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+    abandoned.swap(hung_);
+    for (auto& [req, is_load] : waiting_) abandoned.push_back(req);
+    waiting_.clear();
+    while (!timed_.empty()) {
+      abandoned.push_back(timed_.top().req);
+      timed_.pop();
+    }
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  // Every request gets its one completion, even those held by a hang fault.
+  for (IoRequest* r : abandoned) complete_with(r, Result::kTimeout, "sim store shut down with the request pending");
+}
+
+void SimBackend::fail_key(const Key& k) {
+  std::lock_guard<std::mutex> g(mu_);
+  fail_.insert(fault_key(k));
+}
+
+void SimBackend::hang_key(const Key& k) {
+  std::lock_guard<std::mutex> g(mu_);
+  hang_.insert(fault_key(k));
+}
+
+void SimBackend::clear_faults() {
+  std::lock_guard<std::mutex> g(mu_);
+  fail_.clear();
+  hang_.clear();
+}
+
+std::vector<BlockId> SimBackend::touched_blocks() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return touched_;
+}
+
+void SimBackend::load(IoRequest* req) { submit(req, true); }
+void SimBackend::dump(IoRequest* req) { submit(req, false); }
+
+void SimBackend::submit(IoRequest* req, bool is_load) {
+  if (req->bytes != ctx_.shard_bytes) {
+    complete_with(req, Result::kInvalidArg, "sim store: request of %" PRIu64 " bytes, shards are %" PRIu64, req->bytes,
+                  ctx_.shard_bytes);
+    return;
+  }
+  if (req->key.shard >= ctx_.shards_per_block) {
+    complete_with(req, Result::kInvalidArg, "sim store: shard %u >= shards_per_block %u", req->key.shard,
+                  ctx_.shards_per_block);
+    return;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  if (admitted_ < opts_.max_inflight) admit_locked(req, is_load, now_ns());
+  else waiting_.emplace_back(req, is_load);
+}
+
+void SimBackend::admit_locked(IoRequest* req, bool is_load, uint64_t now) {
+  ++admitted_;
+  if (is_load) counters_.load_started();  // in flight = admitted, not queued
+  if (is_load && hang_.count(fault_key(req->key))) {
+    hung_.push_back(req);  // occupies its in-flight place until shutdown
+    return;
+  }
+  uint64_t transfer_ns = 0;
+  if (opts_.gbps > 0) transfer_ns = static_cast<uint64_t>(static_cast<double>(req->bytes) / opts_.gbps);
+  timed_.push(Pending{now + opts_.latency_us * 1000 + transfer_ns, req, is_load});
+  cv_.notify_one();
+}
+
+bool SimBackend::should_fail(const Key& k) {
+  if (fail_.count(fault_key(k))) return true;
+  if (opts_.fail_fraction <= 0) return false;
+  uint64_t z = opts_.seed ^ (++request_seq_ * 0x9E3779B97F4A7C15ull) ^ k.block.lo ^ (uint64_t{k.shard} << 32);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < opts_.fail_fraction;
+}
+
+void SimBackend::worker() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    if (stopping_) return;
+    if (timed_.empty()) {
+      cv_.wait(lk);
+      continue;
+    }
+    const uint64_t now = now_ns();
+    const Pending top = timed_.top();
+    if (top.due_ns > now) {
+      cv_.wait_for(lk, std::chrono::nanoseconds(top.due_ns - now));
+      continue;
+    }
+    timed_.pop();
+    const bool failing = should_fail(top.req->key);
+    if (!top.is_load && !failing) dumped_.insert(top.req->key);
+    const bool missing = top.is_load && !opts_.populated_all && !dumped_.count(top.req->key);
+    lk.unlock();
+    IoRequest* req = top.req;
+    if (top.is_load) {
+      if (failing) {
+        req->result = Result::kBackend;
+        snprintf(req->error, sizeof(req->error), "sim store: injected failure loading block %" PRIu64 " shard %u",
+                 req->key.block.lo, req->key.shard);
+      } else if (missing) {
+        req->result = Result::kNotFound;
+        snprintf(req->error, sizeof(req->error), "sim store: block %" PRIu64 " shard %u was never dumped",
+                 req->key.block.lo, req->key.shard);
+      } else {
+        sim_fill(req->key, req->buf, req->bytes);
+        req->result = Result::kOk;
+      }
+    } else if (failing) {
+      req->result = Result::kBackend;
+      snprintf(req->error, sizeof(req->error), "sim store: injected failure dumping block %" PRIu64 " shard %u",
+               req->key.block.lo, req->key.shard);
+    } else {
+      req->result = Result::kOk;
+    }
+    finish(req, top.is_load);
+    lk.lock();
+  }
+}
+
+void SimBackend::finish(IoRequest* req, bool is_load) {
+  if (is_load) counters_.load_finished(*req);
+  else counters_.dump_finished(*req);
+  req->done(req);
+  std::lock_guard<std::mutex> g(mu_);
+  --admitted_;
+  if (!waiting_.empty() && !stopping_) {
+    auto [next, next_is_load] = waiting_.front();
+    waiting_.pop_front();
+    admit_locked(next, next_is_load, now_ns());
+  }
+}
+
+void SimBackend::touch(const BlockId* blocks, size_t n) {
+  counters_.touches.fetch_add(n, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < n && touched_.size() < kTouchLogLimit; ++i) touched_.push_back(blocks[i]);
+}
+
+Result SimBackend::exists(const Key& k, bool* out) {
+  if (k.shard >= ctx_.shards_per_block) {
+    *out = false;
+    return Result::kOk;
+  }
+  if (opts_.populated_all) {
+    *out = true;
+    return Result::kOk;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  *out = dumped_.count(k) != 0;
+  return Result::kOk;
+}
+
+}  // namespace ucm

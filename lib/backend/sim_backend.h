@@ -1,0 +1,100 @@
+// The sim store: a backend for tests and studies whose content is a pure
+// function of (block, shard, offset) (sim_content.h), with a configurable
+// latency, per-request bandwidth and concurrency limit, fault injection, and
+// counters.
+//
+// Timing model: a request admitted at time t completes at
+//   t + latency_us + bytes / (gbps * 1e9 B/s)
+// and at most max_inflight requests are admitted at once; the rest wait in
+// FIFO order. `workers` threads fill buffers and run completions.
+//
+// Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
+//           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
+//           populated=all|dumped
+// (LO: the low 64 bits of the block id, in decimal.) With populated=dumped only
+// shards that were dumped exist and load; by default every key exists.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/spec.h"
+
+namespace ucm {
+
+struct SimOptions {
+  uint64_t latency_us = 500;
+  double gbps = 4.0;  // GB/s per request; 0 = unlimited
+  uint32_t max_inflight = 64;
+  uint32_t workers = 4;
+  double fail_fraction = 0.0;
+  uint64_t seed = 1;
+  bool populated_all = true;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    return static_cast<size_t>((k.block.lo * 0x9E3779B97F4A7C15ull) ^ k.block.hi ^ (uint64_t{k.shard} << 32));
+  }
+};
+
+class SimBackend final : public Backend {
+ public:
+  [[nodiscard]] static Result create(const SimOptions& o, const BackendContext& ctx, std::unique_ptr<SimBackend>* out);
+  [[nodiscard]] static Result parse_options(const Spec& spec, SimOptions* out, std::vector<Key>* fail_keys,
+                                            std::vector<Key>* hang_keys);
+  ~SimBackend() override;
+
+  const char* name() const override { return "sim"; }
+  void load(IoRequest* req) override;
+  void dump(IoRequest* req) override;
+  void touch(const BlockId* blocks, size_t n) override;
+  [[nodiscard]] Result exists(const Key& k, bool* out) override;
+  BackendCounters counters() const override { return counters_.snapshot(); }
+
+  // Fault injection, at run time.
+  void fail_key(const Key& k);
+  void hang_key(const Key& k);
+  void clear_faults();
+  // Every block passed to touch(), in call order (the first million).
+  std::vector<BlockId> touched_blocks() const;
+  const SimOptions& options() const { return opts_; }
+
+ private:
+  SimBackend(const SimOptions& o, const BackendContext& ctx);
+  struct Pending {
+    uint64_t due_ns;
+    IoRequest* req;
+    bool is_load;
+    bool operator>(const Pending& o) const { return due_ns > o.due_ns; }
+  };
+  void submit(IoRequest* req, bool is_load);
+  void admit_locked(IoRequest* req, bool is_load, uint64_t now);
+  void worker();
+  void finish(IoRequest* req, bool is_load);
+  bool should_fail(const Key& k);
+
+  const SimOptions opts_;
+  const BackendContext ctx_;
+  AtomicBackendCounters counters_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::priority_queue<Pending, std::vector<Pending>, std::greater<Pending>> timed_;
+  std::deque<std::pair<IoRequest*, bool>> waiting_;  // over the in-flight limit
+  std::vector<IoRequest*> hung_;
+  uint32_t admitted_ = 0;
+  uint64_t request_seq_ = 0;
+  bool stopping_ = false;
+  std::unordered_set<Key, KeyHash> fail_, hang_, dumped_;
+  std::vector<BlockId> touched_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ucm
