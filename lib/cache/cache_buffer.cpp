@@ -1,6 +1,7 @@
 #include "cache/cache_buffer.h"
 
 #include <sched.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -49,7 +50,8 @@ CacheBuffer::CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const C
       opts_(opts),
       holder_(holder_id(opts.rank)),
       slice_ns_(std::max<uint64_t>(1, opts.liveness_slice_ms) * 1000000ull),
-      ctr_(&ctrl->rank(opts.rank).counters) {}
+      ctr_(&ctrl->rank(opts.rank).counters),
+      pid_(static_cast<int32_t>(getpid())) {}
 
 Result CacheBuffer::check_key(const Key& k) const {
   if (k.shard >= ctrl_->shards_per_block())
@@ -115,8 +117,19 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   return get_locked(k, b, out);
 }
 
+Result CacheBuffer::check_joined() const {
+  // Lock words and pins name a rank; a process that uses a rank it has not
+  // joined would look dead to everyone else and have its locks stolen.
+  const RankRecord& rec = ctrl_->rank(opts_.rank);
+  if (rec.state.load(std::memory_order_acquire) != static_cast<uint32_t>(RankState::kAlive) ||
+      rec.pid.load(std::memory_order_relaxed) != pid_)
+    return fail(Result::kBadState, "local rank %u is not joined by this process (pid %d)", opts_.rank, pid_);
+  return Result::kOk;
+}
+
 Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
   const BufferCtrl& c = *ctrl_;
+  UCM_CHECK(check_joined());
   const uint64_t start = now_ns();
   const uint64_t deadline = start + opts_.lock_timeout_ms * 1000000ull;
   uint64_t next_liveness_check = start + slice_ns_;
@@ -300,6 +313,7 @@ size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {
 Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   if (!data_) return fail(Result::kBadState, "a scheduler rank (no data plane) cannot prealloc()");
   UCM_CHECK(check_key(k));
+  UCM_CHECK(check_joined());
   const BufferCtrl& c = *ctrl_;
   const uint32_t b = bucket_of(k, c.bucket_mask());
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;

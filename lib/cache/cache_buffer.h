@@ -1,6 +1,7 @@
 // CacheBuffer: the node-shared shard cache as one rank sees it (ctrl + data).
 //
-// Every local rank builds one over the same BufferCtrl and BufferData (a
+// Every local rank joins the control plane (BufferCtrl::join) and builds one
+// over the same BufferCtrl and BufferData (a
 // scheduler rank over the control plane only: data_at() is null, it may
 // exists()/touch() and nothing that needs bytes). The object does not own the
 // planes; it is cheap and thread-safe: a rank's dispatcher, copier and app
@@ -104,6 +105,7 @@ class CacheBuffer {
  private:
   enum class Attach { kDone, kRetry };
   Result check_key(const Key& k) const;
+  Result check_joined() const;
   Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
   Result get_locked(const Key& k, uint32_t b, GetResult* out);
   Result set_final_state(uint32_t slot, State s, const char* what);
@@ -116,6 +118,7 @@ class CacheBuffer {
   uint32_t holder_;
   uint64_t slice_ns_;
   RankCounters* ctr_;
+  int32_t pid_;
   TouchHook touch_hook_ = nullptr;
   void* touch_ctx_ = nullptr;
 };
