@@ -51,3 +51,10 @@ bool is_alive(const ProcessIdentity& id) {
 }
 
 }  // namespace ucm
+
+namespace ucm {
+bool pid_running(int32_t pid) {
+  char state = '?';
+  return pid > 0 && read_start_ticks(pid, &state) != 0 && state != 'Z' && state != 'X' && state != 'x';
+}
+}  // namespace ucm

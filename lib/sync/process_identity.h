@@ -25,3 +25,9 @@ bool is_alive(const ProcessIdentity& id);
 uint64_t read_start_ticks(int32_t pid, char* state);
 
 }  // namespace ucm
+
+namespace ucm {
+// True while `pid` exists and is not a zombie (no pid-reuse guard: for the
+// short windows of bootstrap, where only the pid is known).
+bool pid_running(int32_t pid);
+}  // namespace ucm

@@ -1,0 +1,189 @@
+#include "api/cache.h"
+
+#include <sys/stat.h>
+
+#include <cinttypes>
+#include <cstring>
+
+#include "api/config.h"
+#include "boot/fd_exchange.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "ctrl/recovery.h"
+#include "ucm_build_config.h"
+
+namespace ucm {
+
+Cache::~Cache() { release_local(); }
+
+void Cache::set_error(const std::string& e) {
+  std::lock_guard<std::mutex> g(error_mu_);
+  error_ = e;
+}
+
+std::string Cache::error() const {
+  std::lock_guard<std::mutex> g(error_mu_);
+  return error_;
+}
+
+Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
+  config_ = config;
+  UCM_CHECK(node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_));
+  log_set_rank(node_.local_rank);
+  const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
+
+  // 2. The config, alone and then against the node's.
+  UCM_CHECK(collective_status(node_.comm, check_config(config_)));
+  UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, config_)));
+
+  // 3. The device and what it needs of the layout.
+  device_status_ = device_status();
+  if (config_.device_id == UCM_DEVICE_AUTO)
+    device_id_ = device_status_.visible_devices > 0 ? node_.local_rank % device_status_.visible_devices : node_.local_rank;
+  else
+    device_id_ = config_.device_id;
+  CtrlParams cp;
+  DataParams dp;
+  Result r = make_copy_engine(device_id_, true, &engine_);
+  if (ok(r) && engine_ && config_.shard_bytes % engine_->alignment() != 0)
+    r = fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
+             ", the alignment the %s copy engine of device %d needs",
+             config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
+  if (ok(r)) r = layout_from_config(config_, static_cast<uint32_t>(node_.local_size), &cp, &dp);
+  UCM_CHECK(collective_status(node_.comm, r));
+
+  // 4-5. The planes.
+  UCM_CHECK(create_or_fetch_planes(cp, dp));
+
+  // 6. Join, register, place, open the backend.
+  r = ctrl_.join(static_cast<uint32_t>(node_.local_rank));
+  if (r == Result::kPeerDead) {  // a dead earlier holder of our rank: recover it first
+    r = reap_dead_ranks(ctrl_, static_cast<uint32_t>(node_.local_rank), nullptr);
+    if (ok(r)) r = ctrl_.join(static_cast<uint32_t>(node_.local_rank));
+  }
+  joined_ = ok(r);
+  if (ok(r) && engine_ && data_.valid()) {
+    for (size_t s = 0; s < data_.segment_count() && ok(r); ++s) {
+      r = engine_->register_host(data_.segment_base(s), data_.segment_map_bytes(s));
+      if (ok(r)) registered_.push_back(data_.segment_base(s));
+    }
+  }
+  if (ok(r))
+    r = plan_placement(node_.local_rank, node_.local_size, engine_ ? engine_->pci_bus_id() : std::string(),
+                       config_.bind_threads != 0 && !scheduler(), &placement_);
+  if (ok(r)) {
+    BackendContext bctx;
+    bctx.shard_bytes = config_.shard_bytes;
+    bctx.shards_per_block = config_.shards_per_block;
+    r = make_backend(config_.backend, bctx, &backend_);
+  }
+  if (ok(r)) {
+    CacheOptions o;
+    o.rank = static_cast<uint32_t>(node_.local_rank);
+    o.wait = config_.wait == UCM_WAIT_POLL ? WaitMode::kPoll : WaitMode::kFutex;
+    o.liveness_slice_ms = config_.liveness_ms;
+    o.lock_timeout_ms = config_.timeout_ms;
+    buffer_ = std::make_unique<CacheBuffer>(&ctrl_, data_.valid() ? &data_ : nullptr, o);
+    buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<Backend*>(ctx)->touch(b, n); },
+                            backend_.get());
+  }
+  UCM_CHECK(collective_status(node_.comm, r));
+  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
+  if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
+  UCM_INFO(kBoot, "local rank %d of %d on %s (node %d of %d): device %d (%s), %s, %s", node_.local_rank,
+           node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, device_id_,
+           engine_ ? engine_->name() : "scheduler", data_.hugetlb() ? "hugetlb" : "no hugetlb",
+           placement_.summary.c_str());
+  (void)deadline;
+  return Result::kOk;
+}
+
+Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp) {
+  const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
+  uint64_t nonce = 0;
+  FdServer server;
+  Result r = Result::kOk;
+  if (node_.local_rank == 0) {
+    r = BufferCtrl::create(cp, &ctrl_);
+    if (ok(r)) r = BufferData::create(dp, &data_);
+    nonce = random_nonce();
+    if (ok(r)) r = server.listen_on(nonce);
+  }
+  // Everybody learns whether rank 0 could build the planes before anyone waits on its socket.
+  UCM_CHECK(collective_status(node_.comm, r));
+  if (MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, node_.node) != MPI_SUCCESS)
+    return fail(Result::kSystem, "broadcasting the boot nonce failed");
+
+  if (node_.local_rank == 0) {
+    std::vector<PeerExpectation> peers;
+    for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_pids[i]});
+    std::vector<int> data_fds;
+    for (size_t s = 0; s < data_.segment_count(); ++s) data_fds.push_back(data_.segment_fd(s));
+    r = server.serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline);
+    server.close_socket();
+    if (ok(r) && scheduler()) data_ = BufferData();  // the peers hold the segments now
+  } else {
+    PlaneDescriptor desc{};
+    std::vector<int> fds;
+    r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_pids[0], deadline, &desc,
+                     &fds);
+    if (ok(r)) r = BufferCtrl::attach(fds[0], &cp, &ctrl_);
+    if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, fds.size() - 1, &data_);
+    for (int fd : fds) close(fd);
+  }
+  return collective_status(node_.comm, r);
+}
+
+void Cache::release_local() {
+  buffer_.reset();
+  backend_.reset();
+  if (engine_)
+    for (void* p : registered_) engine_->unregister_host(p);
+  registered_.clear();
+  engine_.reset();
+  if (joined_) ctrl_.leave(static_cast<uint32_t>(node_.local_rank));
+  joined_ = false;
+  data_ = BufferData();
+  ctrl_ = BufferCtrl();
+  node_teardown(&node_);
+}
+
+Result Cache::finalize() {
+  // Nobody unmaps while a peer may still be mid-call on a shared structure.
+  Result r = MPI_Barrier(node_.node) == MPI_SUCCESS ? Result::kOk : fail(Result::kSystem, "node barrier at finalize failed");
+  release_local();
+  return r;
+}
+
+void Cache::info(ucm_cache_info_t* out) const {
+  const uint32_t bytes = out->struct_bytes;
+  std::memset(out, 0, sizeof(*out));
+  out->struct_bytes = bytes;
+  out->rank = node_.rank;
+  out->size = node_.size;
+  out->local_rank = node_.local_rank;
+  out->local_size = node_.local_size;
+  out->node_id = node_.node_id;
+  out->node_count = node_.node_count;
+  out->device_id = device_id_;
+  out->scheduler = scheduler() ? 1 : 0;
+  out->hugetlb = data_.hugetlb() ? 1 : 0;
+  out->cuda_built = UCM_HAVE_CUDA;
+  out->nccl_built = UCM_HAVE_NCCL;
+  out->hwloc_built = UCM_HAVE_HWLOC;
+  out->visible_devices = device_status_.visible_devices;
+  out->threads_bound = placement_.enabled ? 1 : 0;
+  const CtrlParams p = ctrl_.params();
+  out->regular_slots = p.regular_slots;
+  out->reserved_slots = p.reserved_slots;
+  out->segments = static_cast<uint32_t>(data_.segment_count());
+  out->control_bytes = ctrl_.region_bytes();
+  out->data_bytes = data_.mapped_bytes();
+  struct stat st;
+  if (fstat(ctrl_.fd(), &st) == 0) out->control_inode = st.st_ino;
+  std::snprintf(out->host, sizeof(out->host), "%s", node_.host.c_str());
+  std::snprintf(out->copy_engine, sizeof(out->copy_engine), "%s", engine_ ? engine_->name() : "");
+  std::snprintf(out->binding, sizeof(out->binding), "%s", placement_.summary.c_str());
+}
+
+}  // namespace ucm

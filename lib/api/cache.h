@@ -1,0 +1,77 @@
+// The object behind a ucm_cache_t: one rank's view of its node's cache, and
+// the collective init/finalize that builds and tears it down.
+//
+// Init, in order, each step ending in a collective status so that a failure on
+// any rank is the same error on all ranks and nobody waits in a collective:
+//   1. split the communicator into nodes; gather the node's pids
+//   2. check the config locally, then agree on every layout field in the node
+//   3. resolve the device (config, else local rank modulo visible GPUs, else the
+//      local rank with the host engine) and check the shard alignment it needs
+//   4. local rank 0 creates the control and data memfds and listens on an
+//      abstract socket; the nonce goes out over MPI
+//   5. peers fetch the fds (SO_PEERCRED-checked) and map them, checking the
+//      header against their own layout
+//   6. everyone joins its rank, registers the segments with its device, plans
+//      its thread placement and opens its backend; then the node barriers.
+// Nothing is created in any file system.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend/backend.h"
+#include "boot/node.h"
+#include "cache/cache_buffer.h"
+#include "ctrl/buffer_ctrl.h"
+#include "data/buffer_data.h"
+#include "device/copy_engine.h"
+#include "topo/placement.h"
+#include "ucmcache/ucm.h"
+
+namespace ucm {
+
+class Cache {
+ public:
+  Cache() = default;
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  [[nodiscard]] Result init(MPI_Comm comm, const ucm_config_t& config);
+  [[nodiscard]] Result finalize();
+  void info(ucm_cache_info_t* out) const;
+
+  const ucm_config_t& config() const { return config_; }
+  const NodeContext& node() const { return node_; }
+  CacheBuffer* buffer() const { return buffer_.get(); }
+  Backend* backend() const { return backend_.get(); }
+  CopyEngine* engine() const { return engine_.get(); }
+  const Placement& placement() const { return placement_; }
+  bool scheduler() const { return device_id_ < 0; }
+
+  // The per-cache last-error string (thread-safe).
+  void set_error(const std::string& e);
+  std::string error() const;
+
+ private:
+  Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);
+  void release_local();
+
+  ucm_config_t config_{};
+  NodeContext node_;
+  int device_id_ = 0;
+  bool joined_ = false;
+  BufferCtrl ctrl_;
+  BufferData data_;
+  std::vector<void*> registered_;
+  std::unique_ptr<CopyEngine> engine_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CacheBuffer> buffer_;
+  Placement placement_;
+  DeviceStatus device_status_;
+  mutable std::mutex error_mu_;
+  std::string error_;
+};
+
+}  // namespace ucm

@@ -1,0 +1,331 @@
+#include "boot/fd_exchange.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstddef>
+#include <cstring>
+#include <random>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "sync/process_identity.h"
+
+namespace ucm {
+namespace {
+
+constexpr uint64_t kPollSliceNs = 50'000'000;
+constexpr uint64_t kHelloBoundNs = 2'000'000'000;
+
+sockaddr_un make_addr(uint64_t nonce, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string name = boot_socket_name(nonce);
+  // Abstract namespace: a leading NUL, no file, gone with the socket.
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+int poll_in(int fd, uint64_t until_ns) {
+  const uint64_t now = now_ns();
+  const int ms = now >= until_ns ? 0 : static_cast<int>(std::min<uint64_t>((until_ns - now) / 1000000 + 1, 1000));
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  do r = poll(&p, 1, ms);
+  while (r < 0 && errno == EINTR);
+  return r;
+}
+
+bool header_ok(const WireHeader& h, uint64_t nonce, WireKind kind) {
+  return h.magic == kWireMagic && h.version == kWireVersion && h.header_bytes == sizeof(WireHeader) &&
+         h.nonce == nonce && h.kind == static_cast<uint32_t>(kind);
+}
+
+void close_all(std::vector<int>* fds) {
+  for (int fd : *fds) close(fd);
+  fds->clear();
+}
+
+Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor* desc, const int* fds, uint32_t nfds) {
+  WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kGrant),
+               desc ? static_cast<uint32_t>(sizeof(*desc)) : 0u, nfds, seq};
+  uint8_t body[sizeof(WireHeader) + sizeof(PlaneDescriptor)];
+  std::memcpy(body, &h, sizeof(h));
+  size_t len = sizeof(h);
+  if (desc) {
+    std::memcpy(body + len, desc, sizeof(*desc));
+    len += sizeof(*desc);
+  }
+  iovec iov{body, len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) uint8_t cbuf[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  if (nfds > 0) {
+    m.msg_control = cbuf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  ssize_t n;
+  do n = sendmsg(conn, &m, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(len))
+    return fail(Result::kSystem, "sending plane fds to a peer: %s", n < 0 ? strerror(errno) : "short send");
+  return Result::kOk;
+}
+
+}  // namespace
+
+std::string boot_socket_name(uint64_t nonce) {
+  char name[48];
+  std::snprintf(name, sizeof(name), "ucmcache.%016" PRIx64, nonce);
+  return name;
+}
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ (now_ns() * 0x9E3779B97F4A7C15ull);
+}
+
+FdServer::~FdServer() { close_socket(); }
+
+void FdServer::close_socket() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+Result FdServer::listen_on(uint64_t nonce) {
+  close_socket();
+  nonce_ = nonce;
+  int fd;
+  UCM_SYSCHECK(fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), "socket(AF_UNIX)");
+  fd_ = fd;
+  socklen_t len;
+  sockaddr_un a = make_addr(nonce, &len);
+  UCM_SYSCHECK(bind(fd, reinterpret_cast<sockaddr*>(&a), len), "bind(boot socket)");
+  UCM_SYSCHECK(listen(fd, 64), "listen(boot socket)");
+  return Result::kOk;
+}
+
+Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDescriptor& desc, int ctrl_fd,
+                       const std::vector<int>& data_fds, uint64_t deadline_ns) {
+  std::vector<bool> served(peers.size(), false);
+  size_t remaining = peers.size();
+  while (remaining > 0) {
+    const uint64_t now = now_ns();
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (!served[i] && !pid_running(peers[i].pid))
+        return fail(Result::kPeerDead, "local rank %u (pid %d) exited before it took the shared cache",
+                    peers[i].local_rank, peers[i].pid);
+    if (now >= deadline_ns) {
+      std::string missing;
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (!served[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i].local_rank);
+      return fail(Result::kTimeout, "served %zu of %zu peers by the deadline; local ranks %s never connected",
+                  peers.size() - remaining, peers.size(), missing.c_str());
+    }
+    if (poll_in(fd_, std::min(deadline_ns, now + kPollSliceNs)) <= 0) continue;
+    int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    const size_t before = std::count(served.begin(), served.end(), true);
+    Result r = serve_one(conn, peers, &served, desc, ctrl_fd, data_fds, deadline_ns);
+    close(conn);
+    UCM_CHECK(r);
+    remaining -= static_cast<size_t>(std::count(served.begin(), served.end(), true)) - before;
+  }
+  return Result::kOk;
+}
+
+Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
+                           const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds,
+                           uint64_t deadline_ns) {
+  ucred cred{};
+  socklen_t cl = sizeof(cred);
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) return Result::kOk;
+  size_t idx = peers.size();
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (peers[i].pid == cred.pid && !(*served)[i]) idx = i;
+  if (idx == peers.size()) {
+    ++refused_;
+    UCM_WARN("boot socket: refused a connection from pid %d, which is no waiting rank of this node", cred.pid);
+    return Result::kOk;
+  }
+  // The Hello: one message, exactly a header and a WireHello.
+  uint8_t buf[sizeof(WireHeader) + sizeof(WireHello) + 16];
+  if (poll_in(conn, std::min(deadline_ns, now_ns() + kHelloBoundNs)) <= 0) {
+    ++refused_;
+    UCM_WARN("boot socket: pid %d connected but sent no hello in time", cred.pid);
+    return Result::kOk;
+  }
+  msghdr m{};
+  iovec iov{buf, sizeof(buf)};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = recvmsg(conn, &m, MSG_DONTWAIT);
+  WireHeader h{};
+  WireHello hello{};
+  if (n == static_cast<ssize_t>(sizeof(h) + sizeof(hello)) && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    std::memcpy(&h, buf, sizeof(h));
+    std::memcpy(&hello, buf + sizeof(h), sizeof(hello));
+  }
+  if (!header_ok(h, nonce_, WireKind::kHello) || h.payload_bytes != sizeof(hello) || h.nfds != 0 ||
+      hello.local_rank != peers[idx].local_rank || hello.pid != cred.pid) {
+    ++refused_;
+    UCM_WARN("boot socket: pid %d sent a malformed hello (%zd bytes); refused", cred.pid, n);
+    return Result::kOk;
+  }
+  std::vector<int> fds{ctrl_fd};
+  if (hello.want_data) fds.insert(fds.end(), data_fds.begin(), data_fds.end());
+  PlaneDescriptor d = desc;
+  d.segment_count = hello.want_data ? static_cast<uint32_t>(data_fds.size()) : 0;
+  d.total_fds = static_cast<uint32_t>(fds.size());
+  uint32_t seq = 0;
+  for (size_t off = 0; off < fds.size(); off += kMaxFdsPerMessage, ++seq) {
+    const uint32_t count = static_cast<uint32_t>(std::min<size_t>(kMaxFdsPerMessage, fds.size() - off));
+    UCM_CHECK(send_grant(conn, nonce_, seq, seq == 0 ? &d : nullptr, fds.data() + off, count));
+  }
+  (*served)[idx] = true;
+  UCM_INFO(kBoot, "boot socket: gave %zu fds to local rank %u (pid %d)", fds.size(), hello.local_rank, cred.pid);
+  return Result::kOk;
+}
+
+Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t server_pid, uint64_t deadline_ns,
+                    PlaneDescriptor* desc, std::vector<int>* fds) {
+  fds->clear();
+  socklen_t len;
+  const sockaddr_un a = make_addr(nonce, &len);
+  int s = -1;
+  for (;;) {
+    UCM_SYSCHECK(s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), "socket(AF_UNIX)");
+    if (connect(s, reinterpret_cast<const sockaddr*>(&a), len) == 0) break;
+    const int e = errno;
+    close(s);
+    s = -1;
+    if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR)
+      return fail(Result::kSystem, "connecting to local rank 0's boot socket: %s", strerror(e));
+    if (!pid_running(server_pid))
+      return fail(Result::kPeerDead, "local rank 0 (pid %d) died during init, before handing out the cache", server_pid);
+    if (now_ns() >= deadline_ns)
+      return fail(Result::kTimeout, "local rank 0 (pid %d) did not open its boot socket by the deadline", server_pid);
+    usleep(2000);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{s};
+
+  uint8_t hello_buf[sizeof(WireHeader) + sizeof(WireHello)];
+  const WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kHello),
+                     sizeof(WireHello), 0, 0};
+  const WireHello hello{local_rank, static_cast<int32_t>(getpid()), want_data ? 1u : 0u, 0};
+  std::memcpy(hello_buf, &h, sizeof(h));
+  std::memcpy(hello_buf + sizeof(h), &hello, sizeof(hello));
+  ssize_t sent;
+  do sent = send(s, hello_buf, sizeof(hello_buf), MSG_NOSIGNAL);
+  while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(sizeof(hello_buf)))
+    return fail(Result::kSystem, "sending hello to local rank 0: %s", sent < 0 ? strerror(errno) : "short send");
+
+  uint32_t expected_total = 0;
+  for (uint32_t seq = 0;; ++seq) {
+    for (;;) {
+      const int pr = poll_in(s, std::min(deadline_ns, now_ns() + kPollSliceNs));
+      if (pr > 0) break;
+      if (!pid_running(server_pid)) {
+        close_all(fds);
+        return fail(Result::kPeerDead, "local rank 0 (pid %d) died while handing out the cache", server_pid);
+      }
+      if (now_ns() >= deadline_ns) {
+        close_all(fds);
+        return fail(Result::kTimeout, "local rank 0 (pid %d) sent no cache fds by the deadline", server_pid);
+      }
+    }
+    uint8_t buf[sizeof(WireHeader) + sizeof(PlaneDescriptor) + 16];
+    alignas(cmsghdr) uint8_t cbuf[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+    iovec iov{buf, sizeof(buf)};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = sizeof(cbuf);
+    ssize_t n;
+    do n = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    // Collect the fds first, so that every exit path closes them.
+    uint32_t got = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->push_back(fd);
+        ++got;
+      }
+    }
+    if (n <= 0) {
+      close_all(fds);
+      return fail(n == 0 ? Result::kPeerDead : Result::kSystem, "local rank 0 closed the boot socket after %u of %u fds%s",
+                  static_cast<uint32_t>(fds->size()), expected_total, n < 0 ? strerror(errno) : "");
+    }
+    if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+      close_all(fds);
+      return fail(Result::kCorrupt, "a boot message from local rank 0 was truncated (%s)",
+                  (m.msg_flags & MSG_CTRUNC) ? "fds lost" : "payload cut");
+    }
+    WireHeader g{};
+    if (n >= static_cast<ssize_t>(sizeof(g))) std::memcpy(&g, buf, sizeof(g));
+    const size_t payload = n >= static_cast<ssize_t>(sizeof(g)) ? static_cast<size_t>(n) - sizeof(g) : 0;
+    const size_t want_payload = seq == 0 ? sizeof(PlaneDescriptor) : 0;
+    if (n < static_cast<ssize_t>(sizeof(g)) || !header_ok(g, nonce, WireKind::kGrant) || g.seq != seq ||
+        g.payload_bytes != payload || payload != want_payload || g.nfds != got) {
+      close_all(fds);
+      return fail(Result::kCorrupt,
+                  "malformed boot message %u from local rank 0: %zd bytes, %u fds (magic 0x%016" PRIx64 ", kind %u)", seq,
+                  n, got, g.magic, g.kind);
+    }
+    if (seq == 0) {
+      std::memcpy(desc, buf + sizeof(g), sizeof(*desc));
+      expected_total = desc->total_fds;
+      if (expected_total != 1 + desc->segment_count || (!want_data && desc->segment_count != 0)) {
+        close_all(fds);
+        return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments", expected_total,
+                    desc->segment_count);
+      }
+    }
+    if (fds->size() > expected_total) {
+      close_all(fds);
+      return fail(Result::kCorrupt, "local rank 0 sent %zu fds, %u were announced", fds->size(), expected_total);
+    }
+    if (fds->size() == expected_total) return Result::kOk;
+  }
+}
+
+PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& dp, const BufferData& data) {
+  PlaneDescriptor d{};
+  const CtrlParams p = ctrl.params();
+  d.slot_bytes = p.slot_bytes;
+  d.regular_slots = p.regular_slots;
+  d.reserved_slots = p.reserved_slots;
+  d.bucket_count = p.bucket_count;
+  d.shards_per_block = p.shards_per_block;
+  d.max_ranks = p.max_ranks;
+  d.evict = static_cast<uint32_t>(p.evict);
+  d.segment_bytes = dp.segment_bytes;
+  d.data_total_slots = dp.total_slots;
+  d.hugetlb = data.hugetlb() ? 1 : 0;
+  d.segment_count = static_cast<uint32_t>(data.segment_count());
+  d.total_fds = 1 + d.segment_count;
+  return d;
+}
+
+}  // namespace ucm

@@ -1,0 +1,113 @@
+// Handing the shared planes' memfds from local rank 0 to its peers.
+//
+// Local rank 0 listens on an abstract Unix socket named "ucmcache.<nonce>"
+// (nothing in any file system; the name dies with the socket) and broadcasts
+// the nonce over MPI. Each peer connects and sends a Hello (its local rank,
+// its pid, whether it wants the data plane). Rank 0 accepts only a peer whose
+// SO_PEERCRED pid is the pid that local rank announced over MPI, and only once
+// per rank; anything else (another process, garbage, a wrong nonce, a second
+// connection) is closed without a byte. It then sends the plane descriptor and
+// the fds with SCM_RIGHTS, in as many Grant messages as the fd count needs.
+//
+// Every message starts with a fixed WireHeader (magic, version, header size,
+// nonce, kind, payload size, fd count); a short read, a truncated control
+// message (MSG_CTRUNC) or any field out of place is an error, never a guess.
+// Both sides are bounded by a deadline and watch the other side's pid, so a
+// dead rank 0 is a clear error for its peers, not a hang.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "ctrl/buffer_ctrl.h"
+#include "data/buffer_data.h"
+
+namespace ucm {
+
+constexpr uint64_t kWireMagic = 0x31544f4f424d4355ull;  // "UCMBOOT1"
+constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
+
+enum class WireKind : uint32_t { kHello = 1, kGrant = 2 };
+
+struct WireHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t nonce;
+  uint32_t kind;
+  uint32_t payload_bytes;
+  uint32_t nfds;
+  uint32_t seq;  // Grant: index of this message among the grants
+};
+static_assert(sizeof(WireHeader) == 40);
+
+struct WireHello {
+  uint32_t local_rank;
+  int32_t pid;
+  uint32_t want_data;
+  uint32_t pad;
+};
+
+// What a peer needs to map the planes, sent with the first Grant.
+struct PlaneDescriptor {
+  uint64_t slot_bytes;
+  uint32_t regular_slots;
+  uint32_t reserved_slots;
+  uint32_t bucket_count;
+  uint32_t shards_per_block;
+  uint32_t max_ranks;
+  uint32_t evict;
+  uint64_t segment_bytes;
+  uint32_t data_total_slots;
+  uint32_t hugetlb;
+  uint32_t segment_count;  // data fds that follow the control fd (0 for a scheduler)
+  uint32_t total_fds;      // across all grants: 1 + segment_count
+};
+static_assert(sizeof(PlaneDescriptor) == 56);
+
+struct PeerExpectation {
+  uint32_t local_rank;
+  pid_t pid;
+};
+
+std::string boot_socket_name(uint64_t nonce);
+uint64_t random_nonce();
+
+class FdServer {
+ public:
+  FdServer() = default;
+  ~FdServer();
+  FdServer(const FdServer&) = delete;
+  FdServer& operator=(const FdServer&) = delete;
+
+  [[nodiscard]] Result listen_on(uint64_t nonce);
+  // Serves every expected peer once; returns when all are served or fails at
+  // the deadline (naming who is missing) or when a peer's process is gone.
+  [[nodiscard]] Result serve(const std::vector<PeerExpectation>& peers, const PlaneDescriptor& desc, int ctrl_fd,
+                             const std::vector<int>& data_fds, uint64_t deadline_ns);
+  void close_socket();
+  // Connections refused so far (foreign processes, garbage).
+  uint32_t refused() const { return refused_; }
+
+ private:
+  Result serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
+                   const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds, uint64_t deadline_ns);
+  int fd_ = -1;
+  uint64_t nonce_ = 0;
+  uint32_t refused_ = 0;
+};
+
+// Connects to local rank 0 (pid `server_pid`) and receives the planes.
+// `fds` receives the control fd first, then the data segment fds (owned by
+// the caller).
+[[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t server_pid,
+                                  uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds);
+
+PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& data_params, const BufferData& data);
+
+}  // namespace ucm

@@ -1,0 +1,124 @@
+#include "boot/node.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cinttypes>
+#include <cstring>
+
+#include "api/config.h"
+#include "ctrl/layout.h"
+#include "common/log.h"
+
+namespace ucm {
+namespace {
+
+Result mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return Result::kOk;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return fail(Result::kSystem, "%s: %s", what, msg);
+}
+
+#define UCM_MPI(call) UCM_CHECK(mpi_check((call), #call))
+
+struct StatusMessage {
+  int32_t result;
+  char text[500];
+};
+
+}  // namespace
+
+Result collective_status(MPI_Comm comm, Result local) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const int mine = local == Result::kOk ? INT_MAX : rank;
+  int first = INT_MAX;
+  UCM_MPI(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return Result::kOk;
+  StatusMessage m{};
+  if (rank == first) {
+    m.result = static_cast<int32_t>(local);
+    std::snprintf(m.text, sizeof(m.text), "%s", last_error().c_str());
+  }
+  UCM_MPI(MPI_Bcast(&m, sizeof(m), MPI_BYTE, first, comm));
+  if (rank == first) return local;  // keep our own message as it is
+  return fail(static_cast<Result>(m.result), "rank %d: %s", first, m.text);
+}
+
+Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out) {
+  NodeContext n;
+  UCM_MPI(MPI_Comm_dup(user_comm, &n.comm));
+  // Errors come back as codes on our communicators, never abort the job.
+  MPI_Comm_set_errhandler(n.comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(n.comm, &n.rank);
+  MPI_Comm_size(n.comm, &n.size);
+  MPI_Comm shared = MPI_COMM_NULL;
+  UCM_MPI(MPI_Comm_split_type(n.comm, MPI_COMM_TYPE_SHARED, n.rank, MPI_INFO_NULL, &shared));
+  if (ranks_per_node > 0) {
+    int shared_rank = 0;
+    MPI_Comm_rank(shared, &shared_rank);
+    const int color = shared_rank / static_cast<int>(ranks_per_node);
+    UCM_MPI(MPI_Comm_split(shared, color, shared_rank, &n.node));
+    MPI_Comm_free(&shared);
+  } else {
+    n.node = shared;
+  }
+  MPI_Comm_set_errhandler(n.node, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(n.node, &n.local_rank);
+  MPI_Comm_size(n.node, &n.local_size);
+
+  // Node ids: number the nodes by their local rank 0, in rank order.
+  const int leader = n.local_rank == 0 ? 1 : 0;
+  int before = 0;
+  UCM_MPI(MPI_Exscan(&leader, &before, 1, MPI_INT, MPI_SUM, n.comm));
+  if (n.rank == 0) before = 0;  // MPI_Exscan leaves rank 0's result undefined
+  int my_id = n.local_rank == 0 ? before : 0;
+  UCM_MPI(MPI_Bcast(&my_id, 1, MPI_INT, 0, n.node));
+  n.node_id = my_id;
+  UCM_MPI(MPI_Allreduce(&leader, &n.node_count, 1, MPI_INT, MPI_SUM, n.comm));
+
+  const int32_t pid = static_cast<int32_t>(getpid());
+  std::vector<int32_t> pids(n.local_size);
+  UCM_MPI(MPI_Allgather(&pid, 1, MPI_INT32_T, pids.data(), 1, MPI_INT32_T, n.node));
+  n.local_pids.assign(pids.begin(), pids.end());
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  n.host = host;
+  if (n.local_size > static_cast<int>(kMaxRanks))
+    return fail(Result::kInvalidArg, "%d ranks share this node's cache; at most %u can (set ranks_per_node)",
+                n.local_size, kMaxRanks);
+  *out = std::move(n);
+  return Result::kOk;
+}
+
+void node_teardown(NodeContext* n) {
+  if (n->node != MPI_COMM_NULL) MPI_Comm_free(&n->node);
+  if (n->comm != MPI_COMM_NULL) MPI_Comm_free(&n->comm);
+}
+
+Result agree_on_config(const NodeContext& n, const ucm_config_t& c) {
+  const AgreementRecord mine = agreement_record(c);
+  std::vector<AgreementRecord> all(n.local_size);
+  UCM_MPI(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, n.node));
+  for (int r = 1; r < n.local_size; ++r) {
+    for (int f = 0; f < AgreementRecord::kFields; ++f) {
+      if (all[r].values[f] == all[0].values[f]) continue;
+      if (std::strcmp(agreement_field_name(f), "backend") == 0) {
+        // Compare the text itself to say what differs.
+        std::vector<char> specs(static_cast<size_t>(n.local_size) * sizeof(c.backend));
+        UCM_MPI(MPI_Allgather(c.backend, sizeof(c.backend), MPI_CHAR, specs.data(), sizeof(c.backend), MPI_CHAR, n.node));
+        return fail(Result::kConfigMismatch,
+                    "config field backend differs on node %d: local rank 0 has \"%s\", local rank %d has \"%s\"",
+                    n.node_id, specs.data(), r, specs.data() + static_cast<size_t>(r) * sizeof(c.backend));
+      }
+      return fail(Result::kConfigMismatch,
+                  "config field %s differs on node %d: local rank 0 has %" PRIu64 ", local rank %d has %" PRIu64,
+                  agreement_field_name(f), n.node_id, all[0].values[f], r, all[r].values[f]);
+    }
+  }
+  return Result::kOk;
+}
+
+}  // namespace ucm

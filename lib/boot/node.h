@@ -1,0 +1,47 @@
+// The node bootstrap's MPI side: which ranks share a cache, and agreeing.
+//
+// <mpi.h> appears only here and in the public header. Every function here is
+// collective over the communicator it names and never returns early on one
+// rank only: a failure on any rank becomes the same error on every rank
+// (collective_status), so no rank is left waiting in a collective.
+#pragma once
+
+#include <mpi.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "ucmcache/ucm.h"
+
+namespace ucm {
+
+struct NodeContext {
+  MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the caller's communicator
+  MPI_Comm node = MPI_COMM_NULL;  // the ranks that share this cache
+  int rank = 0;                   // in comm
+  int size = 0;
+  int local_rank = 0;             // in node
+  int local_size = 0;
+  int node_id = 0;                // 0..node_count-1, by the lowest rank of each node
+  int node_count = 0;
+  std::vector<pid_t> local_pids;  // by local rank
+  std::string host;
+};
+
+// Splits `comm` into nodes (MPI_COMM_TYPE_SHARED, then pretend nodes of
+// ranks_per_node ranks when that is > 0) and gathers the node's pids.
+[[nodiscard]] Result node_setup(MPI_Comm comm, uint32_t ranks_per_node, NodeContext* out);
+void node_teardown(NodeContext* n);
+
+// Every rank of `comm` learns whether all succeeded; if not, every rank
+// returns the first failing rank's result and message ("rank 3: ...").
+[[nodiscard]] Result collective_status(MPI_Comm comm, Result local);
+
+// The node's ranks compare every layout field with local rank 0's; a
+// difference is the same error on each of them, naming the field, the ranks
+// and both values.
+[[nodiscard]] Result agree_on_config(const NodeContext& n, const ucm_config_t& c);
+
+}  // namespace ucm

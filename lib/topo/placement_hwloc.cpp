@@ -1,0 +1,90 @@
+// Placement with hwloc (the only file that includes it).
+#include <hwloc.h>
+
+#include <cstdio>
+
+#include "common/log.h"
+#include "topo/placement.h"
+
+namespace ucm {
+namespace {
+
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string s;
+  for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+  return s;
+}
+
+struct Topo {
+  hwloc_topology_t t = nullptr;
+  ~Topo() {
+    if (t) hwloc_topology_destroy(t);
+  }
+};
+
+}  // namespace
+
+Result plan_placement(int local_rank, int local_size, const std::string& gpu_bus_id, bool enable, Placement* out) {
+  Placement p;
+  if (!enable) {
+    p.summary = "not bound (binding switched off)";
+    *out = p;
+    return Result::kOk;
+  }
+  Topo topo;
+  if (hwloc_topology_init(&topo.t) != 0) return fail(Result::kSystem, "hwloc_topology_init failed");
+  hwloc_topology_set_io_types_filter(topo.t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (hwloc_topology_load(topo.t) != 0) return fail(Result::kSystem, "hwloc_topology_load failed");
+
+  hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topo.t);
+  hwloc_bitmap_t scope = hwloc_bitmap_dup(allowed);
+  std::string where = "all allowed cores";
+  if (!gpu_bus_id.empty()) {
+    hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topo.t, gpu_bus_id.c_str());
+    hwloc_obj_t anc = pci ? hwloc_get_non_io_ancestor_obj(topo.t, pci) : nullptr;
+    if (anc && anc->cpuset && hwloc_bitmap_intersects(anc->cpuset, allowed)) {
+      hwloc_bitmap_and(scope, scope, anc->cpuset);
+      char type[32];
+      hwloc_obj_type_snprintf(type, sizeof(type), anc, 0);
+      where = "cores of " + std::string(type) + " " + std::to_string(anc->logical_index) + " near GPU " + gpu_bus_id;
+    } else {
+      where = "all allowed cores (GPU " + gpu_bus_id + " not found by hwloc)";
+    }
+  }
+  // The candidate cores, in logical order, each as its PUs' OS indexes.
+  std::vector<std::vector<int>> cores;
+  const int ncores = hwloc_get_nbobjs_by_type(topo.t, HWLOC_OBJ_CORE);
+  for (int i = 0; i < ncores; ++i) {
+    hwloc_obj_t core = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_CORE, static_cast<unsigned>(i));
+    if (!core->cpuset || !hwloc_bitmap_intersects(core->cpuset, scope)) continue;
+    std::vector<int> pus;
+    int pu;
+    hwloc_bitmap_foreach_begin(pu, core->cpuset) {
+      if (hwloc_bitmap_isset(scope, static_cast<unsigned>(pu))) pus.push_back(pu);
+    }
+    hwloc_bitmap_foreach_end();
+    cores.push_back(pus);
+  }
+  hwloc_bitmap_free(scope);
+  if (cores.empty()) {
+    p.summary = "not bound (hwloc found no usable core)";
+    *out = p;
+    return Result::kOk;
+  }
+  const size_t n = cores.size();
+  const size_t d = (2 * static_cast<size_t>(local_rank)) % n;
+  const size_t c = (2 * static_cast<size_t>(local_rank) + 1) % n;
+  p.enabled = true;
+  p.cpus[0] = cores[d];
+  p.cpus[1] = cores[c];
+  p.shared = n < 2 * static_cast<size_t>(local_size);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "dispatcher on cpu %s, copier on cpu %s (%s%s)", cpu_list(p.cpus[0]).c_str(),
+                cpu_list(p.cpus[1]).c_str(), where.c_str(),
+                p.shared ? "; shared: fewer cores than the node's queue threads" : "");
+  p.summary = buf;
+  *out = p;
+  return Result::kOk;
+}
+
+}  // namespace ucm
