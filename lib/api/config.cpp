@@ -140,8 +140,6 @@ Result check_config(const ucm_config_t& c) {
   if (c.shards_per_block == 0 || c.shards_per_block >= kEmptyShard)
     return fail(Result::kInvalidArg, "shards_per_block %u is out of range 1..%u", c.shards_per_block, kEmptyShard - 1);
   if (c.shard_bytes == 0) return fail(Result::kInvalidArg, "shard_bytes is 0");
-  if (c.shard_bytes % 64 != 0)
-    return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of 64 (a cache line)", c.shard_bytes);
   if (c.shard_bytes > (1ull << 32))
     return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " exceeds 4 GiB", c.shard_bytes);
   if (c.cache_bytes < c.shard_bytes)

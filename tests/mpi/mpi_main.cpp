@@ -1,0 +1,53 @@
+// gtest under mpirun: every rank runs every test; rank 0 prints and writes
+// the XML; the exit code is the worst over all ranks. Fixtures derived from
+// MpiTest report a failure that happened on any rank on rank 0 too.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include "mpi/mpi_test.h"
+
+namespace ucm::test {
+
+bool any_rank_failed(bool mine) {
+  int local = mine ? 1 : 0, any = 0;
+  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any != 0;
+}
+
+void MpiTest::TearDown() {
+  const bool failed_here = HasFailure();
+  const bool failed_anywhere = any_rank_failed(failed_here);
+  if (failed_anywhere && !failed_here) ADD_FAILURE() << "a failure on another rank (see its output above)";
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+}  // namespace ucm::test
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    delete listeners.Release(listeners.default_xml_generator());
+  }
+  int rc = RUN_ALL_TESTS();
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
