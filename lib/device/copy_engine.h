@@ -15,6 +15,21 @@
 
 namespace ucm {
 
+// One ordered channel of copies, used by one thread (the copier, or the
+// dispatcher for dumps). Copies complete in submission order; a ticket names
+// a copy, and done(t) means it and every copy before it have landed.
+class CopyStream {
+ public:
+  virtual ~CopyStream() = default;
+  // Queues a copy of `bytes` from src to dst (host or device memory, as the
+  // engine's kind allows) and returns its ticket.
+  [[nodiscard]] virtual Result copy(void* dst, const void* src, uint64_t bytes, uint64_t* ticket) = 0;
+  // Starts everything queued (engines may gather copies into one batch).
+  [[nodiscard]] virtual Result flush() = 0;
+  virtual bool done(uint64_t ticket) = 0;
+  [[nodiscard]] virtual Result wait(uint64_t ticket) = 0;
+};
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
@@ -26,6 +41,7 @@ class CopyEngine {
   virtual void unregister_host(void* base) = 0;
   // PCI bus id of the device ("0000:17:00.0"), empty for the host engine.
   virtual std::string pci_bus_id() const = 0;
+  [[nodiscard]] virtual Result open_stream(std::unique_ptr<CopyStream>* out) = 0;
 };
 
 struct DeviceStatus {
