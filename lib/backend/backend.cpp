@@ -21,6 +21,16 @@ void AtomicBackendCounters::load_started() {
   }
 }
 
+void AtomicBackendCounters::rejected(bool is_load) {
+  if (is_load) {
+    loads.fetch_add(1, std::memory_order_relaxed);
+    load_failures.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    dumps.fetch_add(1, std::memory_order_relaxed);
+    dump_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 void AtomicBackendCounters::load_finished(const IoRequest& req) {
   inflight_loads.fetch_sub(1, std::memory_order_relaxed);
   loads.fetch_add(1, std::memory_order_relaxed);

@@ -41,7 +41,7 @@ struct BackendContext {
 };
 
 struct BackendCounters {
-  uint64_t loads = 0;           // load requests completed (ok or not)
+  uint64_t loads = 0;           // load requests completed (ok or not, rejected ones too)
   uint64_t load_failures = 0;
   uint64_t dumps = 0;
   uint64_t dump_failures = 0;
@@ -75,6 +75,8 @@ struct AtomicBackendCounters {
   std::atomic<uint64_t> loads{0}, load_failures{0}, dumps{0}, dump_failures{0}, touches{0};
   std::atomic<uint64_t> bytes_loaded{0}, bytes_dumped{0}, inflight_loads{0}, peak_inflight_loads{0};
   void load_started();
+  // A request refused before it started (bad size or shard): completed, failed.
+  void rejected(bool is_load);
   void load_finished(const IoRequest& req);
   void dump_finished(const IoRequest& req);
   BackendCounters snapshot() const;

@@ -21,14 +21,17 @@ Result parse_key_list(const std::string& name, const std::string& value, std::ve
     const std::string item = value.substr(pos, end - pos);
     pos = end + 1;
     const size_t dot = item.find('.');
-    char* e1 = nullptr;
-    char* e2 = nullptr;
-    Key k;
-    if (dot == std::string::npos) return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());
-    k.block.lo = std::strtoull(item.substr(0, dot).c_str(), &e1, 10);
-    k.shard = static_cast<uint32_t>(std::strtoul(item.substr(dot + 1).c_str(), &e2, 10));
-    if (*e1 != '\0' || *e2 != '\0' || dot == 0 || dot + 1 == item.size())
+    if (dot == std::string::npos)
       return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());
+    const std::string lo_text = item.substr(0, dot);
+    const std::string shard_text = item.substr(dot + 1);
+    uint64_t lo = 0, shard = 0;
+    if (spec_u64(name, lo_text, 0, UINT64_MAX, &lo) != Result::kOk ||
+        spec_u64(name, shard_text, 0, UINT32_MAX - 1, &shard) != Result::kOk)
+      return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());
+    Key k;
+    k.block.lo = lo;
+    k.shard = static_cast<uint32_t>(shard);
     out->push_back(k);
   }
   return Result::kOk;
@@ -147,11 +150,13 @@ void SimBackend::dump(IoRequest* req) { submit(req, false); }
 
 void SimBackend::submit(IoRequest* req, bool is_load) {
   if (req->bytes != ctx_.shard_bytes) {
+    counters_.rejected(is_load);
     complete_with(req, Result::kInvalidArg, "sim store: request of %" PRIu64 " bytes, shards are %" PRIu64, req->bytes,
                   ctx_.shard_bytes);
     return;
   }
   if (req->key.shard >= ctx_.shards_per_block) {
+    counters_.rejected(is_load);
     complete_with(req, Result::kInvalidArg, "sim store: shard %u >= shards_per_block %u", req->key.shard,
                   ctx_.shards_per_block);
     return;
@@ -177,7 +182,11 @@ void SimBackend::admit_locked(IoRequest* req, bool is_load, uint64_t now) {
 bool SimBackend::should_fail(const Key& k) {
   if (fail_.count(fault_key(k))) return true;
   if (opts_.fail_fraction <= 0) return false;
-  uint64_t z = opts_.seed ^ (++request_seq_ * 0x9E3779B97F4A7C15ull) ^ k.block.lo ^ (uint64_t{k.shard} << 32);
+  // A function of (seed, key, attempt at that key): the same failures whatever
+  // order concurrent requests complete in.
+  const uint64_t attempt = ++attempts_[k];
+  uint64_t z = opts_.seed ^ (attempt * 0x9E3779B97F4A7C15ull) ^ (k.block.lo * 0xC2B2AE3D27D4EB4Full) ^ k.block.hi ^
+               (uint64_t{k.shard} << 32);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;

@@ -11,7 +11,8 @@
 // Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
 //           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
 //           populated=all|dumped
-// (LO: the low 64 bits of the block id, in decimal.) With populated=dumped only
+// (LO: the low 64 bits of the block id, in decimal.) fail_keys fail loads and
+// dumps; hang_keys hang loads only. With populated=dumped only
 // shards that were dumped exist and load; by default every key exists.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <queue>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -90,9 +92,9 @@ class SimBackend final : public Backend {
   std::deque<std::pair<IoRequest*, bool>> waiting_;  // over the in-flight limit
   std::vector<IoRequest*> hung_;
   uint32_t admitted_ = 0;
-  uint64_t request_seq_ = 0;
   bool stopping_ = false;
   std::unordered_set<Key, KeyHash> fail_, hang_, dumped_;
+  std::unordered_map<Key, uint64_t, KeyHash> attempts_;
   std::vector<BlockId> touched_;
   std::vector<std::thread> threads_;
 };

@@ -1,5 +1,6 @@
 #include "backend/spec.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdlib>
@@ -43,7 +44,8 @@ Result spec_u64(const std::string& name, const std::string& value, uint64_t lo, 
   errno = 0;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-  if (value.empty() || errno != 0 || *end != '\0' || value[0] == '-')
+  // Digits only: strtoull would skip blanks and wrap a minus sign around.
+  if (value.empty() || !isdigit(static_cast<unsigned char>(value[0])) || errno != 0 || *end != '\0')
     return fail(Result::kInvalidArg, "backend option %s=%s is not an unsigned integer", name.c_str(), value.c_str());
   if (v < lo || v > hi)
     return fail(Result::kInvalidArg, "backend option %s=%s is out of range %" PRIu64 "..%" PRIu64, name.c_str(),

@@ -1,0 +1,147 @@
+// Helpers shared by the backend suites: completions a test can wait on, with
+// the time each request completed and how often its done() ran.
+#pragma once
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "common/test_util.h"
+#include "common/time.h"
+
+namespace ucm::test {
+
+// Counts the completions of a group of requests.
+struct Batch {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t completed = 0;
+  uint64_t next_order = 0;
+
+  // True once `n` requests have completed, false past timeout_ms.
+  bool wait(size_t n, uint64_t timeout_ms = 30000) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return completed >= n; });
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> g(mu);
+    return completed;
+  }
+};
+
+// One request with what its completion reported.
+struct Op {
+  IoRequest req;
+  Batch* batch = nullptr;
+  int calls = 0;           // times done() ran; guarded by batch->mu
+  uint64_t submit_ns = 0;  // set by the test just before load()/dump()
+  uint64_t done_ns = 0;    // set by done()
+  uint64_t order = 0;      // completion rank within the batch
+};
+
+inline void op_done(IoRequest* r) {
+  Op* op = static_cast<Op*>(r->user);
+  const uint64_t t = now_ns();
+  std::lock_guard<std::mutex> g(op->batch->mu);
+  op->done_ns = t;
+  op->order = op->batch->next_order++;
+  ++op->calls;
+  ++op->batch->completed;
+  op->batch->cv.notify_all();
+}
+
+inline void prepare(Op* op, Batch* batch, const Key& k, void* buf, uint64_t bytes) {
+  op->batch = batch;
+  op->req.key = k;
+  op->req.buf = buf;
+  op->req.bytes = bytes;
+  op->req.done = &op_done;
+  op->req.user = op;
+  op->req.result = Result::kBadState;  // never the value a store leaves
+  op->req.error[0] = '\0';
+}
+
+// Memory for shards: 4 KiB aligned (direct I/O sized), zero-filled.
+struct AlignedBuf {
+  std::unique_ptr<uint8_t, decltype(&std::free)> p{nullptr, &std::free};
+  uint64_t bytes = 0;
+  explicit AlignedBuf(uint64_t n) : bytes(n) {
+    const uint64_t rounded = (n + 4095) / 4096 * 4096 + 4096;
+    p.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)));
+    std::memset(p.get(), 0, rounded);
+  }
+  uint8_t* get() const { return p.get(); }
+};
+
+// Runs one request to completion. A request that never completes is leaked
+// (the store still holds it) and reported as kTimeout with a test failure.
+struct SyncResult {
+  Result result;
+  std::string error;
+};
+
+inline SyncResult run_sync(Backend* b, bool is_load, const Key& k, void* buf, uint64_t bytes,
+                           uint64_t timeout_ms = 30000) {
+  auto batch = std::make_unique<Batch>();
+  auto op = std::make_unique<Op>();
+  prepare(op.get(), batch.get(), k, buf, bytes);
+  if (is_load) b->load(&op->req);
+  else b->dump(&op->req);
+  if (!batch->wait(1, timeout_ms)) {
+    ADD_FAILURE() << (is_load ? "load" : "dump") << " of block " << k.block.lo << " shard " << k.shard
+                  << " did not complete in " << timeout_ms << " ms";
+    batch.release();
+    op.release();
+    return {Result::kTimeout, "no completion"};
+  }
+  EXPECT_EQ(op->calls, 1);
+  return {op->req.result, op->req.error};
+}
+
+inline SyncResult load_sync(Backend* b, const Key& k, void* buf, uint64_t bytes) {
+  return run_sync(b, true, k, buf, bytes);
+}
+inline SyncResult dump_sync(Backend* b, const Key& k, const void* buf, uint64_t bytes) {
+  return run_sync(b, false, k, const_cast<void*>(buf), bytes);
+}
+
+// A fresh directory under `base`, removed (with everything in it) at the end.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& base = "/tmp") {
+    std::string tmpl = base + "/ucm-backend-test-XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      ADD_FAILURE() << "mkdtemp under " << base << ": " << strerror(errno);
+      return;
+    }
+    path = tmpl;
+  }
+  ~TempDir() {
+    if (path.empty()) return;
+    std::error_code ec;
+    // Directories a test made read-only must be writable again to be emptied.
+    for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_directory(ec)) chmod(it->path().c_str(), 0755);
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  bool ok() const { return !path.empty(); }
+};
+
+inline std::string res(Result r) { return result_name(r); }
+
+}  // namespace ucm::test

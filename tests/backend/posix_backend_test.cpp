@@ -1,0 +1,692 @@
+// The posix store on real files: byte-exact round trips on the direct and the
+// buffered path, across processes and restarts, under concurrency; every kind
+// of damage on disk is a failed load, never data; init errors name the path;
+// a full disk fails the dump and spares what was stored.
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/posix_backend.h"
+#include "backend/sim_content.h"
+#include "backend_test_util.h"
+
+namespace ucm::test {
+namespace {
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+std::unique_ptr<PosixBackend> make_posix(const std::string& dir, uint64_t shard_bytes, uint32_t shards,
+                                         const std::string& extra = "") {
+  BackendContext c;
+  c.shard_bytes = shard_bytes;
+  c.shards_per_block = shards;
+  std::unique_ptr<Backend> b;
+  const Result r = make_backend("posix:" + dir + extra, c, &b);
+  EXPECT_EQ(res(r), res(Result::kOk)) << dir << extra << ": " << last_error();
+  if (r != Result::kOk) return nullptr;
+  EXPECT_STREQ(b->name(), "posix");
+  return std::unique_ptr<PosixBackend>(static_cast<PosixBackend*>(b.release()));
+}
+
+// Whether the file system under `dir` accepts O_DIRECT, asked directly.
+bool fs_accepts_direct(const std::string& dir) {
+  const std::string p = dir + "/direct-probe";
+  int fd = open(p.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    unlink(p.c_str());
+    return false;
+  }
+  close(fd);
+  unlink(p.c_str());
+  return true;
+}
+
+std::string fs_type(const std::string& dir) {
+  // Good enough for a skip message: the mount whose path is the longest prefix.
+  FILE* f = fopen("/proc/self/mounts", "r");
+  if (!f) return "?";
+  char dev[512], mnt[512], type[64];
+  std::string best_mnt, best_type = "?";
+  while (fscanf(f, "%511s %511s %63s %*[^\n]", dev, mnt, type) == 3) {
+    const std::string m = mnt;
+    if (dir.compare(0, m.size(), m) == 0 && m.size() >= best_mnt.size()) {
+      best_mnt = m;
+      best_type = type;
+    }
+  }
+  fclose(f);
+  return best_type;
+}
+
+// Dumps shards [0, n) of each block with their sim content; true if all succeed.
+void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  for (uint64_t blk : blocks)
+    for (uint32_t s = 0; s < shards; ++s) {
+      sim_fill(key(blk, s), buf.get(), bytes);
+      const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
+      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
+    }
+}
+
+// Loads them back and checks every byte.
+void expect_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  for (uint64_t blk : blocks)
+    for (uint32_t s = 0; s < shards; ++s) {
+      std::memset(buf.get(), 0xA5, bytes);
+      const SyncResult r = load_sync(b, key(blk, s), buf.get(), bytes);
+      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
+      ASSERT_EQ(sim_verify(key(blk, s), buf.get(), bytes), bytes) << "block " << blk << " shard " << s;
+    }
+}
+
+// Returns the result of loading one shard (the buffer content is not checked).
+SyncResult load_one(Backend* b, const Key& k, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  return load_sync(b, k, buf.get(), bytes);
+}
+
+bool exists(Backend* b, const Key& k) {
+  bool out = true;
+  EXPECT_EQ(res(b->exists(k, &out)), res(Result::kOk)) << last_error();
+  return out;
+}
+
+void xor_byte_at(const std::string& path, off_t off, uint8_t mask) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
+  uint8_t v = 0;
+  ASSERT_EQ(pread(fd, &v, 1, off), 1) << path << " at " << off;
+  v ^= mask;
+  ASSERT_EQ(pwrite(fd, &v, 1, off), 1) << path << " at " << off;
+  close(fd);
+}
+
+off_t file_size(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return -1;
+  return st.st_size;
+}
+
+// ---- round trips ------------------------------------------------------------
+
+void round_trip(const std::string& dir, uint64_t bytes, const std::string& extra) {
+  auto b = make_posix(dir, bytes, 4, extra);
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1, 2, 3}, 4, bytes);
+  expect_blocks(b.get(), {1, 2, 3}, 4, bytes);
+  // One file per block, shards at s * shard_bytes, the index after them.
+  EXPECT_EQ(uint64_t(file_size(b->block_path(block(2)))), b->index_offset() + 4 * sizeof(ShardHeader));
+  EXPECT_GE(b->index_offset(), 4 * bytes);
+  EXPECT_EQ(b->index_offset() % 4096, 0u);
+}
+
+TEST(PosixBackend, RoundTripAlignedUsesDirectIoWhereTheFsAcceptsIt) {
+  // A disk file system, not tmpfs, where there is one.
+  std::string base, types;
+  for (const char* cand : {"/var/tmp", "/tmp", "/work"}) {
+    if (access(cand, W_OK) != 0) continue;
+    types += std::string(" ") + cand + "=" + fs_type(cand);
+    if (fs_type(cand) == "tmpfs") continue;
+    TempDir probe(cand);
+    if (probe.ok() && fs_accepts_direct(probe.path)) {
+      base = cand;
+      break;
+    }
+  }
+  if (base.empty()) GTEST_SKIP() << "no disk file system here accepts O_DIRECT:" << types;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  {
+    auto b = make_posix(dir.path, 8192, 4);
+    ASSERT_NE(b, nullptr);
+    EXPECT_TRUE(b->direct_io()) << dir.path << " (" << fs_type(dir.path) << ") accepts O_DIRECT";
+  }
+  round_trip(dir.path, 8192, "");
+  round_trip(dir.path, 8192, ",direct=on,depth=2");
+}
+
+TEST(PosixBackend, RoundTripAlignedOnTmpfs) {
+  if (access("/dev/shm", W_OK) != 0 || fs_type("/dev/shm") != "tmpfs") GTEST_SKIP() << "no tmpfs at /dev/shm";
+  TempDir dir("/dev/shm");
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 4);
+  ASSERT_NE(b, nullptr);
+  // tmpfs takes O_DIRECT since Linux 6.6; the store must agree with the fs either way.
+  EXPECT_EQ(b->direct_io(), fs_accepts_direct(dir.path));
+  b.reset();
+  round_trip(dir.path, 4096, "");
+}
+
+TEST(PosixBackend, DirectOnFailsWhereTheFsRefusesIt) {
+  std::string base;
+  for (const char* cand : {"/dev/shm", "/run", "/tmp", "/var/tmp"}) {
+    if (access(cand, W_OK) != 0) continue;
+    TempDir probe(cand);
+    if (probe.ok() && !fs_accepts_direct(probe.path)) {
+      base = cand;
+      break;
+    }
+  }
+  if (base.empty()) GTEST_SKIP() << "every writable file system here accepts O_DIRECT";
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  BackendContext c;
+  c.shard_bytes = 4096;
+  c.shards_per_block = 2;
+  std::unique_ptr<Backend> b;
+  EXPECT_EQ(res(make_backend("posix:" + dir.path + ",direct=on", c, &b)), res(Result::kUnsupported));
+  EXPECT_TRUE(contains(last_error(), dir.path)) << last_error();
+  auto a = make_posix(dir.path, 4096, 2);
+  ASSERT_NE(a, nullptr);
+  EXPECT_FALSE(a->direct_io());
+}
+
+TEST(PosixBackend, RoundTripBufferedWithDirectOff) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  {
+    auto b = make_posix(dir.path, 4096, 4, ",direct=off");
+    ASSERT_NE(b, nullptr);
+    EXPECT_FALSE(b->direct_io());
+  }
+  round_trip(dir.path, 4096, ",direct=off");
+}
+
+TEST(PosixBackend, RoundTripUnalignedShardSize) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  round_trip(dir.path, 3000, "");
+  round_trip(dir.path, 3000, ",direct=off,sync=1");
+}
+
+TEST(PosixBackend, RoundTripFromAnUnalignedBuffer) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 2);
+  ASSERT_NE(b, nullptr);
+  AlignedBuf mem(4096 + 64);
+  uint8_t* odd = mem.get() + 8;  // not direct-I/O aligned: the store must fall back
+  sim_fill(key(5, 1), odd, 4096);
+  ASSERT_EQ(res(dump_sync(b.get(), key(5, 1), odd, 4096).result), res(Result::kOk));
+  std::memset(odd, 0, 4096);
+  const SyncResult r = load_sync(b.get(), key(5, 1), odd, 4096);
+  ASSERT_EQ(res(r.result), res(Result::kOk)) << r.error;
+  EXPECT_EQ(sim_verify(key(5, 1), odd, 4096), 4096u);
+  // Mixed: dumped from an unaligned buffer, loaded into an aligned one.
+  AlignedBuf aligned(4096);
+  ASSERT_EQ(res(load_sync(b.get(), key(5, 1), aligned.get(), 4096).result), res(Result::kOk));
+  EXPECT_EQ(sim_verify(key(5, 1), aligned.get(), 4096), 4096u);
+}
+
+TEST(PosixBackend, RedumpReplacesTheShard) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 2);
+  ASSERT_NE(b, nullptr);
+  AlignedBuf buf(4096);
+  sim_fill(key(99, 0), buf.get(), 4096);  // other content first
+  ASSERT_EQ(res(dump_sync(b.get(), key(8, 1), buf.get(), 4096).result), res(Result::kOk));
+  dump_blocks(b.get(), {8}, 2, 4096);
+  expect_blocks(b.get(), {8}, 2, 4096);
+}
+
+TEST(PosixBackend, SurvivesARestart) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  {
+    auto b = make_posix(dir.path, 4096, 4);
+    ASSERT_NE(b, nullptr);
+    dump_blocks(b.get(), {1, 2}, 4, 4096);
+  }
+  auto b = make_posix(dir.path, 4096, 4);
+  ASSERT_NE(b, nullptr);
+  expect_blocks(b.get(), {1, 2}, 4, 4096);
+  EXPECT_TRUE(exists(b.get(), key(2, 3)));
+  EXPECT_EQ(b->counters().loads, 8u);
+}
+
+TEST(PosixBackend, OneProcessDumpsAnotherLoads) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 4096;
+  {
+    auto b = make_posix(dir.path, kBytes, 2);
+    ASSERT_NE(b, nullptr);
+    dump_blocks(b.get(), {1}, 2, kBytes);
+  }  // no store threads alive across fork()
+  // The child loads what the parent dumped and dumps blocks 2 and 3.
+  const pid_t child = fork_child([&] {
+    auto b = make_posix(dir.path, kBytes, 2);
+    if (!b) return 2;
+    expect_blocks(b.get(), {1}, 2, kBytes);
+    dump_blocks(b.get(), {2, 3}, 2, kBytes);
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  auto b = make_posix(dir.path, kBytes, 2);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(wait_child(child, 30000), 0);
+  expect_blocks(b.get(), {1, 2, 3}, 2, kBytes);
+}
+
+TEST(PosixBackend, ConcurrentDumpsAndLoadsFromSeveralThreads) {
+  constexpr int kThreads = 4;
+  constexpr uint32_t kShards = kThreads;
+  constexpr uint64_t kBytes = 4096;
+  constexpr int kBlocks = 6;
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, kBytes, kShards, ",depth=4");
+  ASSERT_NE(b, nullptr);
+  // Thread t owns blocks 100t.. (all their shards) and shard t of the shared blocks 1..
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<AlignedBuf> bufs;
+      std::vector<Key> keys;
+      for (int i = 0; i < kBlocks; ++i) {
+        for (uint32_t s = 0; s < kShards; ++s) keys.push_back(key(100 * (t + 1) + i, s));
+        keys.push_back(key(1 + i, t));
+      }
+      for (size_t i = 0; i < keys.size(); ++i) bufs.emplace_back(kBytes);
+      std::vector<Op> ops(keys.size());
+      Batch dumps;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        sim_fill(keys[i], bufs[i].get(), kBytes);
+        prepare(&ops[i], &dumps, keys[i], bufs[i].get(), kBytes);
+        b->dump(&ops[i].req);
+      }
+      ASSERT_TRUE(dumps.wait(keys.size()));
+      for (const Op& op : ops) ASSERT_EQ(res(op.req.result), res(Result::kOk)) << op.req.error;
+      Batch loads;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        std::memset(bufs[i].get(), 0, kBytes);
+        prepare(&ops[i], &loads, keys[i], bufs[i].get(), kBytes);
+        b->load(&ops[i].req);
+      }
+      ASSERT_TRUE(loads.wait(keys.size()));
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_EQ(res(ops[i].req.result), res(Result::kOk)) << ops[i].req.error;
+        ASSERT_EQ(sim_verify(keys[i], bufs[i].get(), kBytes), kBytes) << "block " << keys[i].block.lo;
+      }
+    });
+  for (auto& th : threads) th.join();
+  // Every shard of the shared blocks, written by four threads at once, is whole.
+  std::vector<uint64_t> shared;
+  for (int i = 0; i < kBlocks; ++i) shared.push_back(1 + i);
+  expect_blocks(b.get(), shared, kShards, kBytes);
+  const BackendCounters c = b->counters();
+  EXPECT_EQ(c.dumps, uint64_t{kThreads} * kBlocks * (kShards + 1));
+  EXPECT_EQ(c.dump_failures, 0u);
+  EXPECT_LE(c.peak_inflight_loads, 4u);  // depth
+}
+
+TEST(PosixBackend, DestroyingTheStoreCompletesEveryQueuedRequestOnce) {
+  constexpr int kOps = 32;
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 1, ",depth=1");
+  ASSERT_NE(b, nullptr);
+  Batch batch;
+  std::vector<AlignedBuf> bufs;
+  std::vector<Op> ops(kOps);
+  for (int i = 0; i < kOps; ++i) {
+    bufs.emplace_back(4096);
+    prepare(&ops[i], &batch, key(500 + i, 0), bufs.back().get(), 4096);
+    if (i % 2) b->dump(&ops[i].req);
+    else b->load(&ops[i].req);
+  }
+  b.reset();
+  ASSERT_EQ(batch.count(), size_t{kOps});
+  for (int i = 0; i < kOps; ++i) {
+    EXPECT_EQ(ops[i].calls, 1);
+    const Result expect_done = i % 2 ? Result::kOk : Result::kNotFound;
+    EXPECT_TRUE(ops[i].req.result == expect_done || ops[i].req.result == Result::kTimeout)
+        << i << ": " << res(ops[i].req.result) << " " << ops[i].req.error;
+  }
+}
+
+TEST(PosixBackend, MalformedRequestsFailAtOnce) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 2);
+  ASSERT_NE(b, nullptr);
+  AlignedBuf buf(8192);
+  Batch batch;
+  Op op;
+  prepare(&op, &batch, key(1, 0), buf.get(), 8192);
+  b->dump(&op.req);
+  EXPECT_EQ(op.calls, 1);
+  EXPECT_EQ(res(op.req.result), res(Result::kInvalidArg));
+  EXPECT_TRUE(contains(op.req.error, "8192")) << op.req.error;
+  Op op2;
+  prepare(&op2, &batch, key(1, 2), buf.get(), 4096);
+  b->load(&op2.req);
+  EXPECT_EQ(op2.calls, 1);
+  EXPECT_EQ(res(op2.req.result), res(Result::kInvalidArg));
+  EXPECT_TRUE(contains(op2.req.error, "shard 2")) << op2.req.error;
+  bool present = true;
+  ASSERT_EQ(res(b->exists(key(1, 2), &present)), res(Result::kOk));
+  EXPECT_FALSE(present);
+}
+
+// ---- damage on disk ---------------------------------------------------------
+
+class PosixDamage : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kBytes = 4096;
+  static constexpr uint32_t kShards = 4;
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    b_ = make_posix(dir_.path, kBytes, kShards);
+    ASSERT_NE(b_, nullptr);
+    dump_blocks(b_.get(), {7}, kShards, kBytes);
+    path_ = b_->block_path(block(7));
+    ASSERT_EQ(uint64_t(file_size(path_)), b_->index_offset() + kShards * sizeof(ShardHeader));
+  }
+  off_t header_off(uint32_t shard) const { return static_cast<off_t>(b_->index_offset() + shard * sizeof(ShardHeader)); }
+  // Every shard's load fails (kCorrupt or kNotFound) and none exists.
+  void expect_all_fail() {
+    for (uint32_t s = 0; s < kShards; ++s) {
+      const SyncResult r = load_one(b_.get(), key(7, s), kBytes);
+      EXPECT_TRUE(r.result == Result::kCorrupt || r.result == Result::kNotFound)
+          << "shard " << s << ": " << res(r.result) << " " << r.error;
+      EXPECT_FALSE(exists(b_.get(), key(7, s))) << "shard " << s;
+    }
+  }
+  TempDir dir_;
+  std::unique_ptr<PosixBackend> b_;
+  std::string path_;
+};
+
+TEST_F(PosixDamage, TruncatedIntoAShardFailsEveryLoad) {
+  ASSERT_EQ(truncate(path_.c_str(), static_cast<off_t>(kBytes + kBytes / 2)), 0) << strerror(errno);
+  expect_all_fail();
+}
+
+TEST_F(PosixDamage, TruncatedToNothingFailsEveryLoad) {
+  ASSERT_EQ(truncate(path_.c_str(), 0), 0) << strerror(errno);
+  expect_all_fail();
+}
+
+TEST_F(PosixDamage, CutIndexFailsTheShardsWhoseHeadersWereCut) {
+  // Shard 0's header whole, shard 1's cut in half, 2 and 3 gone.
+  ASSERT_EQ(truncate(path_.c_str(), header_off(1) + 16), 0) << strerror(errno);
+  expect_blocks(b_.get(), {7}, 1, kBytes);
+  for (uint32_t s = 1; s < kShards; ++s) {
+    const SyncResult r = load_one(b_.get(), key(7, s), kBytes);
+    EXPECT_TRUE(r.result == Result::kCorrupt || r.result == Result::kNotFound)
+        << "shard " << s << ": " << res(r.result) << " " << r.error;
+    EXPECT_FALSE(exists(b_.get(), key(7, s)));
+  }
+  EXPECT_TRUE(exists(b_.get(), key(7, 0)));
+}
+
+TEST_F(PosixDamage, FlippedBitInAShardIsCorrupt) {
+  for (off_t within : {off_t{0}, off_t{1234}, off_t{kBytes - 1}}) {
+    SCOPED_TRACE(within);
+    xor_byte_at(path_, static_cast<off_t>(2 * kBytes) + within, 0x04);
+    const SyncResult r = load_one(b_.get(), key(7, 2), kBytes);
+    EXPECT_EQ(res(r.result), res(Result::kCorrupt)) << res(r.result) << " " << r.error;
+    EXPECT_TRUE(contains(r.error, "shard 2") && contains(r.error, "checksum")) << r.error;
+    for (uint32_t s : {0u, 1u, 3u}) {
+      const SyncResult o = load_one(b_.get(), key(7, s), kBytes);
+      EXPECT_EQ(res(o.result), res(Result::kOk)) << "shard " << s << ": " << o.error;
+    }
+    xor_byte_at(path_, static_cast<off_t>(2 * kBytes) + within, 0x04);
+    expect_blocks(b_.get(), {7}, kShards, kBytes);
+  }
+}
+
+TEST_F(PosixDamage, FlippedByteInAHeaderIsCorrupt) {
+  // magic, length, checksum, shard, check
+  for (off_t field : {off_t{0}, off_t{9}, off_t{16}, off_t{24}, off_t{28}, off_t{31}}) {
+    SCOPED_TRACE(field);
+    xor_byte_at(path_, header_off(1) + field, 0xFF);
+    const SyncResult r = load_one(b_.get(), key(7, 1), kBytes);
+    EXPECT_EQ(res(r.result), res(Result::kCorrupt)) << res(r.result) << " " << r.error;
+    EXPECT_TRUE(contains(r.error, "shard 1") && contains(r.error, path_)) << r.error;
+    EXPECT_FALSE(exists(b_.get(), key(7, 1)));
+    EXPECT_TRUE(exists(b_.get(), key(7, 2)));
+    xor_byte_at(path_, header_off(1) + field, 0xFF);
+    EXPECT_EQ(res(load_one(b_.get(), key(7, 1), kBytes).result), res(Result::kOk));
+  }
+}
+
+TEST_F(PosixDamage, HeaderOfAnotherShardIsCorrupt) {
+  // Shard 1's (valid) header copied over shard 2's.
+  int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ShardHeader h;
+  ASSERT_EQ(pread(fd, &h, sizeof(h), header_off(1)), ssize_t(sizeof(h)));
+  ASSERT_EQ(pwrite(fd, &h, sizeof(h), header_off(2)), ssize_t(sizeof(h)));
+  close(fd);
+  const SyncResult r = load_one(b_.get(), key(7, 2), kBytes);
+  EXPECT_EQ(res(r.result), res(Result::kCorrupt)) << res(r.result) << " " << r.error;
+  EXPECT_FALSE(exists(b_.get(), key(7, 2)));
+}
+
+TEST_F(PosixDamage, ShardOfAnotherSizeIsCorrupt) {
+  // 4 x 4000 bytes put the index at the same offset as 4 x 4096.
+  b_.reset();
+  auto other = make_posix(dir_.path, 4000, kShards);
+  ASSERT_NE(other, nullptr);
+  ASSERT_EQ(other->index_offset(), 4 * kBytes);
+  const SyncResult r = load_one(other.get(), key(7, 0), 4000);
+  EXPECT_EQ(res(r.result), res(Result::kCorrupt)) << res(r.result) << " " << r.error;
+  EXPECT_TRUE(contains(r.error, "4096") && contains(r.error, "4000")) << r.error;
+}
+
+TEST(PosixBackend, NeverWrittenShardIsNotFoundPerShard) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 4);
+  ASSERT_NE(b, nullptr);
+  AlignedBuf buf(4096);
+  sim_fill(key(3, 2), buf.get(), 4096);
+  ASSERT_EQ(res(dump_sync(b.get(), key(3, 2), buf.get(), 4096).result), res(Result::kOk));
+  EXPECT_TRUE(exists(b.get(), key(3, 2)));
+  for (uint32_t s : {0u, 1u, 3u}) {
+    EXPECT_FALSE(exists(b.get(), key(3, s))) << "shard " << s;
+    const SyncResult r = load_one(b.get(), key(3, s), 4096);
+    EXPECT_EQ(res(r.result), res(Result::kNotFound)) << "shard " << s << ": " << res(r.result) << " " << r.error;
+    EXPECT_TRUE(contains(r.error, "shard " + std::to_string(s))) << r.error;
+  }
+  // A block never stored at all.
+  EXPECT_FALSE(exists(b.get(), key(4, 0)));
+  const SyncResult r = load_one(b.get(), key(4, 0), 4096);
+  EXPECT_EQ(res(r.result), res(Result::kNotFound)) << r.error;
+  EXPECT_TRUE(contains(r.error, b->block_path(block(4)))) << r.error;
+  const BackendCounters c = b->counters();
+  EXPECT_EQ(c.loads, 4u);
+  EXPECT_EQ(c.load_failures, 4u);
+  EXPECT_EQ(c.bytes_loaded, 0u);
+}
+
+// ---- init errors ------------------------------------------------------------
+
+TEST(PosixBackend, MissingDirectoryIsAnInitErrorNamingThePath) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string missing = dir.path + "/no/such/dir";
+  BackendContext c{4096, 2};
+  std::unique_ptr<Backend> b;
+  clear_last_error();
+  EXPECT_EQ(res(make_backend("posix:" + missing, c, &b)), res(Result::kInvalidArg));
+  EXPECT_EQ(b, nullptr);
+  EXPECT_TRUE(contains(last_error(), missing) && contains(last_error(), "No such file")) << last_error();
+}
+
+TEST(PosixBackend, PathThatIsAFileIsAnInitErrorNamingThePath) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string file = dir.path + "/plain-file";
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  BackendContext c{4096, 2};
+  std::unique_ptr<Backend> b;
+  clear_last_error();
+  EXPECT_EQ(res(make_backend("posix:" + file, c, &b)), res(Result::kInvalidArg));
+  EXPECT_EQ(b, nullptr);
+  EXPECT_TRUE(contains(last_error(), file) && contains(last_error(), "not a directory")) << last_error();
+}
+
+// Exit codes of the read-only child.
+constexpr int kChildOk = 0, kChildNoSetuid = 10, kChildOpened = 11, kChildWrongError = 12;
+
+int try_read_only(const std::string& ro) {
+  BackendContext c{4096, 2};
+  std::unique_ptr<Backend> b;
+  const Result r = make_backend("posix:" + ro, c, &b);
+  if (r == Result::kOk) return kChildOpened;
+  if (!contains(last_error(), ro) || !contains(last_error(), "not writable")) {
+    fprintf(stderr, "read-only store error: %s: %s\n", result_name(r), last_error().c_str());
+    return kChildWrongError;
+  }
+  return kChildOk;
+}
+
+TEST(PosixBackend, ReadOnlyDirectoryIsAnInitErrorNamingThePath) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  ASSERT_EQ(chmod(dir.path.c_str(), 0755), 0);  // traversable by the unprivileged child
+  const std::string ro = dir.path + "/read-only";
+  ASSERT_EQ(mkdir(ro.c_str(), 0555), 0) << strerror(errno);
+  ASSERT_EQ(chmod(ro.c_str(), 0555), 0);  // regardless of the umask
+  if (geteuid() != 0) {
+    EXPECT_EQ(try_read_only(ro), kChildOk);
+    return;
+  }
+  // Root writes through permission bits: drop to nobody in a child first.
+  const pid_t child = fork_child([&] {
+    const passwd* pw = getpwnam("nobody");
+    const uid_t uid = pw ? pw->pw_uid : 65534;
+    const gid_t gid = pw ? pw->pw_gid : 65534;
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) return kChildNoSetuid;
+    return try_read_only(ro);
+  });
+  ASSERT_GT(child, 0);
+  const int rc = wait_child(child, 30000);
+  if (rc == kChildNoSetuid) GTEST_SKIP() << "cannot setuid() to an unprivileged user here";
+  EXPECT_EQ(rc, kChildOk) << (rc == kChildOpened ? "the store opened on a read-only directory"
+                                                 : "the error does not name the directory and \"not writable\"");
+}
+
+// ---- full disk --------------------------------------------------------------
+
+// Exit codes of the size-limited child.
+constexpr int kFsizeOk = 0, kFsizeNoLimit = 20, kFsizeNoStore = 21, kFsizeDumpOk = 22, kFsizeWrongError = 23,
+              kFsizeOldLost = 24;
+
+TEST(PosixBackend, FileSizeLimitFailsTheDumpAndSparesStoredShards) {
+  constexpr uint64_t kBytes = 4096;
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  {
+    auto b = make_posix(dir.path, kBytes, 4);
+    ASSERT_NE(b, nullptr);
+    dump_blocks(b.get(), {1, 2}, 4, kBytes);
+  }
+  const pid_t child = fork_child([&] {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit lim{kBytes / 2, kBytes / 2};  // below one shard: no new block fits
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return kFsizeNoLimit;
+    auto b = make_posix(dir.path, kBytes, 4);
+    if (!b) return kFsizeNoStore;
+    AlignedBuf buf(kBytes);
+    // A new block, and a new version of a stored shard beyond the limit.
+    for (const Key& k : {key(3, 0), key(3, 2), key(2, 3)}) {
+      sim_fill(key(9999, 0), buf.get(), kBytes);
+      const SyncResult r = dump_sync(b.get(), k, buf.get(), kBytes);
+      if (r.result == Result::kOk) return kFsizeDumpOk;
+      if (r.result != Result::kBackend || !contains(r.error, "File too large") ||
+          !contains(r.error, b->block_path(k.block))) {
+        fprintf(stderr, "size-limited dump: %s: %s\n", result_name(r.result), r.error.c_str());
+        return kFsizeWrongError;
+      }
+    }
+    // Reads are not limited: what was stored is intact.
+    for (uint64_t blk : {1, 2})
+      for (uint32_t s = 0; s < 4; ++s) {
+        const SyncResult r = load_sync(b.get(), key(blk, s), buf.get(), kBytes);
+        if (r.result != Result::kOk || sim_verify(key(blk, s), buf.get(), kBytes) != kBytes) {
+          fprintf(stderr, "after a failed dump, block %lu shard %u: %s: %s\n", static_cast<unsigned long>(blk), s,
+                  result_name(r.result), r.error.c_str());
+          return kFsizeOldLost;
+        }
+      }
+    if (b->counters().dump_failures != 3) return kFsizeWrongError;
+    return kFsizeOk;
+  });
+  ASSERT_GT(child, 0);
+  const int rc = wait_child(child, 30000);
+  ASSERT_EQ(rc, kFsizeOk) << (rc == kFsizeDumpOk ? "a dump past RLIMIT_FSIZE succeeded"
+                              : rc == kFsizeOldLost ? "a failed dump damaged stored shards"
+                                                    : "see the child's stderr");
+  // Back in the parent, without the limit: old shards intact, the failed ones absent.
+  auto b = make_posix(dir.path, kBytes, 4);
+  ASSERT_NE(b, nullptr);
+  expect_blocks(b.get(), {1, 2}, 4, kBytes);
+  for (const Key& k : {key(3, 0), key(3, 2)}) {
+    EXPECT_FALSE(exists(b.get(), k)) << "shard " << k.shard;
+    const SyncResult r = load_one(b.get(), k, kBytes);
+    EXPECT_TRUE(r.result == Result::kNotFound || r.result == Result::kCorrupt) << res(r.result) << " " << r.error;
+  }
+}
+
+// ---- touch and counters -----------------------------------------------------
+
+TEST(PosixBackend, TouchNeverFailsAndCounts) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 2);
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1, 2}, 2, 4096);
+  const BlockId blocks[] = {block(1), block(404), block(2), block(1)};
+  b->touch(blocks, 4);
+  b->touch(nullptr, 0);
+  b->touch(blocks + 1, 1);
+  EXPECT_EQ(b->counters().touches, 5u);
+  expect_blocks(b.get(), {1, 2}, 2, 4096);
+  EXPECT_FALSE(exists(b.get(), key(404, 0)));
+}
+
+TEST(PosixBackend, CountersAreExact) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 3000, 2);
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1}, 2, 3000);
+  expect_blocks(b.get(), {1}, 2, 3000);
+  EXPECT_EQ(res(load_one(b.get(), key(2, 0), 3000).result), res(Result::kNotFound));
+  const BackendCounters c = b->counters();
+  EXPECT_EQ(c.dumps, 2u);
+  EXPECT_EQ(c.dump_failures, 0u);
+  EXPECT_EQ(c.bytes_dumped, 6000u);
+  EXPECT_EQ(c.loads, 3u);
+  EXPECT_EQ(c.load_failures, 1u);
+  EXPECT_EQ(c.bytes_loaded, 6000u);
+  EXPECT_EQ(c.inflight_loads, 0u);
+  EXPECT_EQ(c.peak_inflight_loads, 1u);
+}
+
+}  // namespace
+}  // namespace ucm::test
