@@ -50,7 +50,12 @@ typedef enum ucm_result {
   UCM_ERR_BAD_HANDLE = 16,     /* an unknown task or cache handle */
   UCM_ERR_DUPLICATE_KEY = 17,  /* the same key appears twice in one task */
   UCM_ERR_DEVICE = 18,         /* the device (CUDA) layer failed */
-  UCM_ERR_INTERNAL = 19        /* a bug: please report it with the log */
+  UCM_ERR_INTERNAL = 19,       /* a bug: please report it with the log */
+  UCM_ERR_NULL_POINTER = 20,   /* a required pointer (entries, dst, src, output) is NULL */
+  UCM_ERR_OUT_OF_RANGE = 21,   /* a shard index is >= shards_per_block */
+  UCM_ERR_EMPTY = 22,          /* a task of 0 entries */
+  UCM_ERR_TOO_LARGE = 23,      /* a task of more than max_task_entries entries */
+  UCM_ERR_UNKNOWN_TASK = 24    /* not a task of this cache, or already waited for */
 } ucm_result_t;
 
 /* ---- configuration ---------------------------------------------------------
@@ -146,6 +151,86 @@ UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info);
 /* The message of the last failed call on `cache` (NULL: of the last failed
  * ucm_cache_init on this thread, or of a call with a bad handle). */
 UCM_API const char* ucm_last_error(ucm_cache_t cache);
+
+/* ---- tasks ------------------------------------------------------------------
+ * A task is a batch of shards, one per entry, each (block, shard) at most once.
+ * ucm_load_task is node-collective in meaning: every local rank submits the
+ * same keys with its own destinations, and each shard is loaded from the
+ * backend once per node. It never waits for the other ranks and returns at
+ * once; ucm_task_wait / ucm_task_test finish it. Tasks complete in any order.
+ * Bad input (each its own result, the message in ucm_last_error):
+ *   UCM_ERR_NULL_POINTER  entries, a dst/src, or the task output is NULL
+ *   UCM_ERR_EMPTY         n == 0
+ *   UCM_ERR_TOO_LARGE     n > max_task_entries
+ *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
+ *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
+ *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank
+ *   UCM_ERR_BUSY          too many tasks already wait for this rank
+ *   UCM_ERR_BAD_HANDLE / UCM_ERR_FINALIZED   for the cache handle
+ * A bad call changes nothing: the cache stays usable. */
+
+typedef struct ucm_block { uint8_t bytes[16]; } ucm_block_t; /* the engine's block id (a hash) */
+typedef struct ucm_key {
+  ucm_block_t block;
+  uint32_t shard;
+  uint32_t reserved; /* set to 0 */
+} ucm_key_t;
+typedef struct ucm_load_entry {
+  ucm_key_t key;
+  void* dst;       /* shard_bytes of device memory (host memory with the host engine) */
+} ucm_load_entry_t;
+typedef struct ucm_dump_entry {
+  ucm_key_t key;
+  const void* src; /* shard_bytes to store */
+} ucm_dump_entry_t;
+typedef uint64_t ucm_task_t;
+
+UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task);
+/* Copies each shard into a cache slot (Ready at once, so peers hit it) and
+ * writes it through to the backend. When several ranks dump the same key, one
+ * writes. */
+UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);
+/* Waits up to timeout_ms (< 0: no bound). Returns the task's result (UCM_OK,
+ * or the first failure: UCM_ERR_BACKEND names the keys that failed) and
+ * retires the handle; UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK
+ * for a handle that is not (or no longer) a task of this cache. */
+UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms);
+/* Never blocks: *done = 0 and UCM_OK while it runs; once done, *done = 1 and
+ * the task's result, as ucm_task_wait. */
+UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* done);
+
+/* Marks every resident shard of each block as recently used, then forwards the
+ * same batch to the backend's touch (which keeps its copy warm). */
+UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n);
+
+#define UCM_WHERE_NONE 0    /* neither in the cache nor in the backend */
+#define UCM_WHERE_BACKEND 1 /* not in the cache; the backend has it */
+#define UCM_WHERE_CACHE 2   /* resident and Ready in the node's cache */
+/* Per key: where it is. The cache is asked first, the backend about the rest.
+ * Works on a scheduler rank. */
+UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where);
+
+typedef struct ucm_stats {
+  uint32_t struct_bytes;      /* set by the caller to sizeof(ucm_stats_t) */
+  uint32_t ranks;             /* ranks summed (1 for a rank's own) */
+  uint64_t tasks, shards;     /* submitted */
+  uint64_t hits;              /* Ready when asked */
+  uint64_t owner_loads;       /* backend loads issued as owner */
+  uint64_t load_failures;
+  uint64_t waits;             /* found a peer loading it */
+  uint64_t wait_ns;           /* copier time spent waiting for Ready */
+  uint64_t takeovers;         /* Failed/preallocated slots re-owned */
+  uint64_t evictions;
+  uint64_t no_space;          /* get() found every slot pinned (then retried) */
+  uint64_t prealloc_made, prealloc_used;
+  uint64_t failed_shards;
+  uint64_t bytes_from_backend, bytes_to_device;
+  uint64_t dumps, bytes_dumped;
+  uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us; /* task latency, upper bounds */
+} ucm_stats_t;
+
+/* This rank's counters and the node's (the sum over its ranks); either may be NULL. */
+UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node);
 #endif /* UCM_NO_MPI */
 
 /* A short, static, human-readable name for a result ("UCM_ERR_NO_SPACE: ..."). */

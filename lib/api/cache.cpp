@@ -87,6 +87,17 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
     buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<Backend*>(ctx)->touch(b, n); },
                             backend_.get());
   }
+  if (ok(r) && !scheduler()) {
+    QueueOptions q;
+    q.local_rank = static_cast<uint32_t>(node_.local_rank);
+    q.local_size = static_cast<uint32_t>(node_.local_size);
+    q.rotate = config_.order == UCM_ORDER_ROTATE;
+    q.prealloc = config_.prealloc != 0;
+    q.io_depth = config_.io_depth;
+    q.load_retries = config_.load_retries;
+    queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
+    r = queue_->start();
+  }
   UCM_CHECK(collective_status(node_.comm, r));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
   if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
@@ -135,8 +146,17 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
 }
 
 void Cache::release_local() {
-  buffer_.reset();
+  // Order matters: the queue's threads stop first; the backend then completes
+  // every I/O still in flight (its completions touch the queue and the cache);
+  // only then do the cache and the planes go.
+  if (queue_) queue_->stop();
   backend_.reset();
+  queue_.reset();
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tasks_.clear();
+  }
+  buffer_.reset();
   if (engine_)
     for (void* p : registered_) engine_->unregister_host(p);
   registered_.clear();
@@ -184,6 +204,133 @@ void Cache::info(ucm_cache_info_t* out) const {
   std::snprintf(out->host, sizeof(out->host), "%s", node_.host.c_str());
   std::snprintf(out->copy_engine, sizeof(out->copy_engine), "%s", engine_ ? engine_->name() : "");
   std::snprintf(out->binding, sizeof(out->binding), "%s", placement_.summary.c_str());
+}
+
+}  // namespace ucm
+
+namespace ucm {
+
+Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id) {
+  if (!queue_)
+    return fail(Result::kBadState, "local rank %d is a scheduler rank (device_id %d): it cannot %s shards",
+                node_.local_rank, device_id_, kind == TaskKind::kLoad ? "load" : "dump");
+  uint64_t tid;
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tid = next_task_id_++;
+  }
+  auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tasks_[tid] = t;
+  }
+  const Result r = queue_->submit(t);
+  if (r != Result::kOk) {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tasks_.erase(tid);
+    return r;
+  }
+  *id = tid;
+  return Result::kOk;
+}
+
+Result Cache::wait(uint64_t id, int64_t timeout_ms) {
+  std::shared_ptr<Task> t;
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end())
+      return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
+    t = it->second;
+  }
+  const uint64_t deadline = timeout_ms < 0 ? kNoDeadline : deadline_after_ms(static_cast<uint64_t>(timeout_ms));
+  if (!t->wait_until(deadline))
+    return fail(Result::kTimeout, "task %" PRIu64 " still running after %" PRId64 " ms", id, timeout_ms);
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tasks_.erase(id);
+  }
+  const Result r = t->result();
+  if (r != Result::kOk) return fail(r, "%s", t->error().c_str());
+  return Result::kOk;
+}
+
+Result Cache::test(uint64_t id, int* done) {
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end())
+      return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
+    *done = it->second->done() ? 1 : 0;
+  }
+  if (!*done) return Result::kOk;
+  return wait(id, 0);
+}
+
+namespace {
+
+void add_counters(const RankCounters& c, ucm_stats_t* s, uint64_t* hist) {
+  auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  s->tasks += v(c.tasks);
+  s->shards += v(c.shards);
+  s->hits += v(c.hits);
+  s->owner_loads += v(c.backend_loads);
+  s->load_failures += v(c.load_failures);
+  s->waits += v(c.waits);
+  s->wait_ns += v(c.wait_ns);
+  s->takeovers += v(c.takeovers);
+  s->evictions += v(c.evictions);
+  s->no_space += v(c.no_space);
+  s->prealloc_made += v(c.prealloc_made);
+  s->prealloc_used += v(c.prealloc_used);
+  s->failed_shards += v(c.failed_shards);
+  s->bytes_from_backend += v(c.bytes_from_backend);
+  s->bytes_to_device += v(c.bytes_to_device);
+  s->dumps += v(c.dumps);
+  s->bytes_dumped += v(c.bytes_dumped);
+  for (int i = 0; i < 32; ++i) hist[i] += v(c.latency_us_log2[i]);
+}
+
+void percentiles(const uint64_t* hist, ucm_stats_t* s) {
+  uint64_t total = 0;
+  for (int i = 0; i < 32; ++i) total += hist[i];
+  if (total == 0) return;
+  auto at = [&](double q) {
+    const uint64_t want = static_cast<uint64_t>(q * static_cast<double>(total - 1)) + 1;
+    uint64_t seen = 0;
+    for (int i = 0; i < 32; ++i) {
+      seen += hist[i];
+      if (seen >= want) return (uint64_t{2} << i) - 1;  // the bucket's upper bound
+    }
+    return uint64_t{0};
+  };
+  s->latency_p50_us = at(0.50);
+  s->latency_p90_us = at(0.90);
+  s->latency_p99_us = at(0.99);
+  s->latency_max_us = at(1.0);
+}
+
+}  // namespace
+
+void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
+  if (rank) {
+    const uint32_t bytes = rank->struct_bytes;
+    std::memset(rank, 0, sizeof(*rank));
+    rank->struct_bytes = bytes;
+    rank->ranks = 1;
+    uint64_t hist[32] = {};
+    add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, rank, hist);
+    percentiles(hist, rank);
+  }
+  if (node) {
+    const uint32_t bytes = node->struct_bytes;
+    std::memset(node, 0, sizeof(*node));
+    node->struct_bytes = bytes;
+    node->ranks = ctrl_.max_ranks();
+    uint64_t hist[32] = {};
+    for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, node, hist);
+    percentiles(hist, node);
+  }
 }
 
 }  // namespace ucm

@@ -19,6 +19,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "boot/node.h"
@@ -26,6 +28,8 @@
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
 #include "device/copy_engine.h"
+#include "queue/load_queue.h"
+#include "queue/task.h"
 #include "topo/placement.h"
 #include "ucmcache/ucm.h"
 
@@ -50,6 +54,12 @@ class Cache {
   const Placement& placement() const { return placement_; }
   bool scheduler() const { return device_id_ < 0; }
 
+  // Tasks: validated by the C API, run by this rank's LoadQueue.
+  [[nodiscard]] Result submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id);
+  [[nodiscard]] Result wait(uint64_t id, int64_t timeout_ms);
+  [[nodiscard]] Result test(uint64_t id, int* done);
+  void stats(ucm_stats_t* rank, ucm_stats_t* node) const;
+
   // The per-cache last-error string (thread-safe).
   void set_error(const std::string& e);
   std::string error() const;
@@ -70,6 +80,10 @@ class Cache {
   std::unique_ptr<CacheBuffer> buffer_;
   Placement placement_;
   DeviceStatus device_status_;
+  std::unique_ptr<LoadQueue> queue_;
+  std::mutex tasks_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
+  uint64_t next_task_id_ = 1;
   mutable std::mutex error_mu_;
   std::string error_;
 };

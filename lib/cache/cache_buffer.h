@@ -74,6 +74,9 @@ class CacheBuffer {
   // A pinned waiter that saw Failed (or an unowned Idle) becomes the owner;
   // exactly one of the racing ranks wins.
   bool try_take_over(uint32_t slot, uint32_t observed);
+  // One more pin on a slot this rank already pins, for work that must outlive
+  // the caller's own pin (a backend I/O into the slot).
+  void add_pin(uint32_t slot) { ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed); }
   // Drops one pin. The last pin of the owning rank on a slot it never marked
   // abandons the load: the slot becomes Failed and its waiters take over.
   void release(uint32_t slot);

@@ -35,6 +35,11 @@ enum class Result : int32_t {
   kDuplicateKey = UCM_ERR_DUPLICATE_KEY,
   kDevice = UCM_ERR_DEVICE,
   kInternal = UCM_ERR_INTERNAL,
+  kNullPointer = UCM_ERR_NULL_POINTER,
+  kOutOfRange = UCM_ERR_OUT_OF_RANGE,
+  kEmpty = UCM_ERR_EMPTY,
+  kTooLarge = UCM_ERR_TOO_LARGE,
+  kUnknownTask = UCM_ERR_UNKNOWN_TASK,
 };
 
 const char* result_name(Result r);

@@ -32,7 +32,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 1;
+constexpr uint32_t kCtrlAbi = 2;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -116,7 +116,22 @@ struct RankCounters {
   std::atomic<uint64_t> prealloc_used;      // a takeover of a preallocated slot
   std::atomic<uint64_t> touched_slots;
   std::atomic<uint64_t> reaps;              // dead ranks this rank recovered
+  // The load queue's (queue/): tasks and shards through this rank.
+  std::atomic<uint64_t> tasks;
+  std::atomic<uint64_t> shards;
+  std::atomic<uint64_t> backend_loads;      // loads this rank issued as owner
+  std::atomic<uint64_t> load_failures;      // of those, failed
+  std::atomic<uint64_t> wait_ns;            // time copier items spent waiting for Ready
+  std::atomic<uint64_t> bytes_from_backend;
+  std::atomic<uint64_t> bytes_to_device;
+  std::atomic<uint64_t> dumps;              // shards this rank wrote through
+  std::atomic<uint64_t> bytes_dumped;
+  std::atomic<uint64_t> failed_shards;      // entries that failed their task
+  // Task latency, submit to completion: bucket i counts latencies in
+  // [2^i, 2^(i+1)) microseconds (bucket 0 also holds < 1 us).
+  std::atomic<uint64_t> latency_us_log2[32];
 };
+static_assert(sizeof(RankCounters) == 8 * (20 + 32));
 
 // One per local rank. Line 0 is the identity; the counters follow.
 struct alignas(64) RankRecord {
@@ -127,7 +142,7 @@ struct alignas(64) RankRecord {
   uint8_t pad_[40];
   alignas(64) RankCounters counters;
 };
-static_assert(sizeof(RankRecord) == 192);
+static_assert(sizeof(RankRecord) == 512);
 
 struct Bucket {
   std::atomic<uint32_t> lock;  // shared_lock word

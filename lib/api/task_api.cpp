@@ -1,0 +1,163 @@
+// C API: tasks, touch, lookup, stats. Every bad argument is its own result
+// with a message naming it; nothing is submitted unless every entry is good.
+#include <cinttypes>
+#include <new>
+#include <unordered_map>
+
+#include "api/handles.h"
+#include "backend/sim_backend.h"
+#include "common/log.h"
+
+namespace {
+
+ucm_result_t done(ucm::Cache* c, ucm::Result r) {
+  if (r != ucm::Result::kOk) {
+    if (c) c->set_error(ucm::last_error());
+    else ucm::set_orphan_error(ucm::last_error());
+  }
+  return static_cast<ucm_result_t>(r);
+}
+
+ucm::Key to_key(const ucm_key_t& k) {
+  ucm::Key out;
+  out.block = ucm::block_from_bytes(k.block.bytes);
+  out.shard = k.shard;
+  return out;
+}
+
+// Checks a task's entries; `ptr(i)` is entry i's dst or src.
+template <typename Entry, typename Ptr>
+ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, const ucm_task_t* task, Ptr ptr,
+                          const char* ptr_name, std::vector<ucm::TaskEntry>* out) {
+  using ucm::Result;
+  using ucm::fail;
+  if (!task) return fail(Result::kNullPointer, "task (the output handle) is NULL");
+  if (n == 0) return fail(Result::kEmpty, "n is 0: a task needs at least one entry");
+  if (!entries) return fail(Result::kNullPointer, "entries is NULL (n = %zu)", n);
+  const uint32_t limit = c.config().max_task_entries;
+  if (n > limit) return fail(Result::kTooLarge, "n %zu > max_task_entries %u", n, limit);
+  const uint32_t spb = c.config().shards_per_block;
+  std::unordered_map<ucm::Key, size_t, ucm::KeyHash> seen;
+  seen.reserve(n);
+  out->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Key k = to_key(entries[i].key);
+    if (!ptr(entries[i])) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
+    if (k.shard >= spb) return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", k.shard, spb, i);
+    auto [it, fresh] = seen.emplace(k, i);
+    if (!fresh)
+      return fail(Result::kDuplicateKey, "entry %zu repeats the key of entry %zu (block %016" PRIx64 "%016" PRIx64
+                  " shard %u)", i, it->second, k.block.hi, k.block.lo, k.shard);
+    ucm::TaskEntry e;
+    e.key = k;
+    out->push_back(e);
+  }
+  return Result::kOk;
+}
+
+}  // namespace
+
+extern "C" {
+
+UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  try {
+    std::vector<ucm::TaskEntry> es;
+    r = check_entries(*c, entries, n, task, [](const ucm_load_entry_t& e) { return e.dst != nullptr; }, "dst", &es);
+    if (r != ucm::Result::kOk) return done(c, r);
+    for (size_t i = 0; i < n; ++i) es[i].dst = entries[i].dst;
+    return done(c, c->submit(ucm::TaskKind::kLoad, std::move(es), task));
+  } catch (const std::bad_alloc&) {
+    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
+  }
+}
+
+UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  try {
+    std::vector<ucm::TaskEntry> es;
+    r = check_entries(*c, entries, n, task, [](const ucm_dump_entry_t& e) { return e.src != nullptr; }, "src", &es);
+    if (r != ucm::Result::kOk) return done(c, r);
+    for (size_t i = 0; i < n; ++i) es[i].src = entries[i].src;
+    return done(c, c->submit(ucm::TaskKind::kDump, std::move(es), task));
+  } catch (const std::bad_alloc&) {
+    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
+  }
+}
+
+UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  return done(c, c->wait(task, timeout_ms));
+}
+
+UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* is_done) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (!is_done) return done(c, ucm::fail(ucm::Result::kNullPointer, "done (the output flag) is NULL"));
+  return done(c, c->test(task, is_done));
+}
+
+UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (n == 0) return UCM_OK;
+  if (!blocks) return done(c, ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n));
+  try {
+    std::vector<ucm::BlockId> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = ucm::block_from_bytes(blocks[i].bytes);
+    c->buffer()->touch(ids.data(), n);
+    return UCM_OK;
+  } catch (const std::bad_alloc&) {
+    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory touching %zu blocks", n));
+  }
+}
+
+UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (n == 0) return UCM_OK;
+  if (!keys) return done(c, ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n));
+  if (!where) return done(c, ucm::fail(ucm::Result::kNullPointer, "where (the output array) is NULL"));
+  const uint32_t spb = c->config().shards_per_block;
+  for (size_t i = 0; i < n; ++i) {
+    if (keys[i].shard >= spb)
+      return done(c, ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard,
+                               spb, i));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Key k = to_key(keys[i]);
+    if (c->buffer()->exists(k)) {
+      where[i] = UCM_WHERE_CACHE;
+      continue;
+    }
+    bool in_store = false;
+    r = c->backend()->exists(k, &in_store);
+    if (r != ucm::Result::kOk) return done(c, r);
+    where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
+  }
+  return UCM_OK;
+}
+
+UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return done(nullptr, r);
+  for (ucm_stats_t* s : {rank, node}) {
+    if (s && s->struct_bytes != sizeof(ucm_stats_t))
+      return done(c, ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
+                               s->struct_bytes, sizeof(ucm_stats_t)));
+  }
+  c->stats(rank, node);
+  return UCM_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,67 @@
+#include "queue/task.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "common/time.h"
+#include "sync/futex.h"
+
+namespace ucm {
+
+Task::Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns)
+    : id_(id),
+      kind_(kind),
+      entries_(std::move(entries)),
+      submit_ns_(now_ns()),
+      deadline_ns_(deadline_ns),
+      remaining_(static_cast<uint32_t>(entries_.size())) {}
+
+void Task::entry_failed(uint32_t index, Result r, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (result_ == Result::kOk) {
+      result_ = r;
+      first_error_ = why;
+    }
+    if (failed_ < 16) {
+      const Key& k = entries_[index].key;
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%s%016" PRIx64 "%016" PRIx64 ":%u", failed_ ? ", " : "", k.block.hi, k.block.lo,
+                    k.shard);
+      failed_keys_ += buf;
+    }
+    ++failed_;
+  }
+  finish_one();
+}
+
+void Task::finish_one() {
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  done_ns_.store(now_ns(), std::memory_order_release);
+  if (on_done_) on_done_(*this);
+  done_word_.store(1, std::memory_order_release);
+  futex_wake(&done_word_, kWakeAll);
+}
+
+bool Task::wait_until(uint64_t deadline_ns) const {
+  while (!done()) {
+    if (now_ns() >= deadline_ns) return false;
+    (void)futex_wait(&done_word_, 0, deadline_ns);
+  }
+  return true;
+}
+
+Result Task::result() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return result_;
+}
+
+std::string Task::error() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (result_ == Result::kOk) return {};
+  char head[96];
+  std::snprintf(head, sizeof(head), "task %" PRIu64 ": %u of %zu entries failed; first: ", id_, failed_, entries_.size());
+  return head + first_error_ + " (failed keys: " + failed_keys_ + (failed_ > 16 ? ", ..." : "") + ")";
+}
+
+}  // namespace ucm

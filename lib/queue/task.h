@@ -1,0 +1,72 @@
+// A task: a batch of shard loads (or dumps) submitted by one call.
+//
+// The submitting thread owns nothing after submit: the task is shared by the
+// handle table (until the app waits for it), the dispatcher, the copier and
+// any backend I/O in flight. Each entry finishes exactly once (ok or failed);
+// the last one publishes the result and wakes waiters on `done_word` (a futex
+// word, so ucm_task_wait blocks without polling).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/key.h"
+#include "common/result.h"
+
+namespace ucm {
+
+enum class TaskKind : uint8_t { kLoad, kDump };
+
+struct TaskEntry {
+  Key key;
+  void* dst = nullptr;        // load: where the shard goes (device or host memory)
+  const void* src = nullptr;  // dump: where it comes from
+};
+
+class Task {
+ public:
+  Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns);
+
+  uint64_t id() const { return id_; }
+  TaskKind kind() const { return kind_; }
+  const std::vector<TaskEntry>& entries() const { return entries_; }
+  uint64_t submit_ns() const { return submit_ns_; }
+  uint64_t deadline_ns() const { return deadline_ns_; }
+
+  void entry_ok() { finish_one(); }
+  // Records why an entry failed; the task's result is the first failure's.
+  void entry_failed(uint32_t index, Result r, const std::string& why);
+
+  bool done() const { return done_word_.load(std::memory_order_acquire) != 0; }
+  // Blocks until done or the absolute deadline; true when done.
+  bool wait_until(uint64_t deadline_ns) const;
+  Result result() const;
+  std::string error() const;
+  uint64_t latency_ns() const { return done_ns_.load(std::memory_order_acquire) - submit_ns_; }
+  // Runs once, when the last entry finishes, before waiters wake.
+  void set_on_done(std::function<void(const Task&)> f) { on_done_ = std::move(f); }
+
+ private:
+  void finish_one();
+
+  const uint64_t id_;
+  const TaskKind kind_;
+  const std::vector<TaskEntry> entries_;
+  const uint64_t submit_ns_;
+  const uint64_t deadline_ns_;
+  std::atomic<uint32_t> remaining_;
+  std::atomic<uint64_t> done_ns_{0};
+  mutable std::atomic<uint32_t> done_word_{0};
+  mutable std::mutex mu_;
+  Result result_ = Result::kOk;
+  std::string first_error_;
+  uint32_t failed_ = 0;
+  std::string failed_keys_;  // "block:shard" of failed entries, the first 16
+  std::function<void(const Task&)> on_done_;
+};
+
+}  // namespace ucm
