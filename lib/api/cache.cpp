@@ -56,11 +56,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
   UCM_CHECK(create_or_fetch_planes(cp, dp));
 
   // 6. Join, register, place, open the backend.
-  r = ctrl_.join(static_cast<uint32_t>(node_.local_rank));
-  if (r == Result::kPeerDead) {  // a dead earlier holder of our rank: recover it first
-    r = reap_dead_ranks(ctrl_, static_cast<uint32_t>(node_.local_rank), nullptr);
-    if (ok(r)) r = ctrl_.join(static_cast<uint32_t>(node_.local_rank));
-  }
+  r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank));
   joined_ = ok(r);
   if (ok(r) && engine_ && data_.valid()) {
     for (size_t s = 0; s < data_.segment_count() && ok(r); ++s) {

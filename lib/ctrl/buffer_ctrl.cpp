@@ -286,6 +286,27 @@ Result BufferCtrl::join(uint32_t r) {
   return Result::kOk;
 }
 
+Result BufferCtrl::adopt_dead_record(uint32_t r) {
+  if (r >= max_ranks_) return fail(Result::kInvalidArg, "local rank %u >= max_ranks %u", r, max_ranks_);
+  RankRecord& rec = rank(r);
+  uint32_t st = rec.state.load(std::memory_order_acquire);
+  if (st == static_cast<uint32_t>(RankState::kFree) || rank_alive(r))
+    return fail(Result::kBadState, "local rank %u is not held by a dead process", r);
+  const ProcessIdentity self = self_identity();
+  // Identity first, then the state: a prober that sees kJoining sees us.
+  if (!rec.state.compare_exchange_strong(st, static_cast<uint32_t>(RankState::kJoining), std::memory_order_acq_rel))
+    return fail(Result::kBadState, "local rank %u changed hands while being adopted", r);
+  rec.pid.store(self.pid, std::memory_order_relaxed);
+  rec.start_ticks.store(self.start_ticks, std::memory_order_release);
+  return Result::kOk;
+}
+
+void BufferCtrl::finish_join(uint32_t r) {
+  RankRecord& rec = rank(r);
+  rec.generation.fetch_add(1, std::memory_order_relaxed);
+  rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
+}
+
 void BufferCtrl::leave(uint32_t r) {
   if (r >= max_ranks_) return;
   RankRecord& rec = rank(r);

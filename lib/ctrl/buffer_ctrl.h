@@ -78,6 +78,11 @@ class BufferCtrl {
   // if a live process holds it). A record left by a dead process must be
   // reaped first (recovery.h); join reports kPeerDead in that case.
   [[nodiscard]] Result join(uint32_t r);
+  // The record of rank r names a dead process: make it name this one (state
+  // kJoining), so that nobody mistakes the leftovers' holder id for a dead
+  // rank while this process cleans them up (join_rank in recovery.h).
+  [[nodiscard]] Result adopt_dead_record(uint32_t r);
+  void finish_join(uint32_t r);
   // Unregisters rank r. Its pins must already be released.
   void leave(uint32_t r);
   // True while rank r is registered by a process that still runs.

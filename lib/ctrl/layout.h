@@ -96,7 +96,7 @@ struct alignas(64) CtrlGlobals {
   alignas(64) std::atomic<uint64_t> reserved_hand;  // any rank: reserved pool cursor
   alignas(64) std::atomic<uint32_t> unused_regular;  // any rank: next never-used regular slot
   std::atomic<uint32_t> unused_reserved;             // any rank: next never-used reserved slot (offset)
-  alignas(64) std::atomic<uint32_t> recovery_lock;   // the reaper of dead ranks (shared_lock)
+  alignas(64) std::atomic<uint32_t> recovery_lock;   // the reaper of dead ranks (shared_lock, holder = pid)
   std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
 };
 static_assert(sizeof(CtrlGlobals) == 256);

@@ -5,9 +5,17 @@
 #include "ctrl/clock.h"
 #include "ctrl/pins.h"
 #include "sync/futex.h"
+#include "sync/process_identity.h"
+
+#include <unistd.h>
 
 namespace ucm {
 namespace {
+
+// The recovery lock names its holder by pid, not by rank: a process that
+// reaps the dead predecessor of the very rank it is about to join must not
+// look dead itself while the record still names that predecessor.
+bool pid_alive_probe(void*, uint32_t pid) { return pid_running(static_cast<int32_t>(pid)); }
 
 bool holder_alive_probe(void* ctx, uint32_t holder) {
   const auto* c = static_cast<const BufferCtrl*>(ctx);
@@ -68,21 +76,35 @@ Result lock_bucket(const BufferCtrl& c, uint32_t me, uint32_t b, uint64_t slice_
   }
 }
 
-Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped) {
+Result join_rank(const BufferCtrl& c, uint32_t r) {
+  auto& ctrl = const_cast<BufferCtrl&>(c);
+  const Result first = ctrl.join(r);
+  if (first != Result::kPeerDead) return first;
+  UCM_CHECK(ctrl.adopt_dead_record(r));
+  UCM_CHECK(reap_dead_ranks(c, r, nullptr, 1u << r));
+  ctrl.finish_join(r);
+  return Result::kOk;
+}
+
+Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
   const uint32_t holder = holder_id(me);
   CtrlGlobals& g = c.globals();
-  const LockWaitPolicy pol = lock_policy_for(c, 20'000'000);
+  const uint32_t self_pid = static_cast<uint32_t>(getpid());
+  LockWaitPolicy pid_pol;
+  pid_pol.slice_ns = 20'000'000;
+  pid_pol.holder_alive = &pid_alive_probe;
   for (;;) {
     uint32_t dead = 0;
-    Result r = shared_lock(&g.recovery_lock, holder, kNoDeadline, pol, &dead);
+    Result r = shared_lock(&g.recovery_lock, self_pid, kNoDeadline, pid_pol, &dead);
     if (r == Result::kOk) break;
-    if (r == Result::kPeerDead && shared_lock_steal(&g.recovery_lock, dead, holder)) break;
+    if (r == Result::kPeerDead && shared_lock_steal(&g.recovery_lock, dead, self_pid)) break;
   }
 
-  uint32_t dead_mask = 0;
+  uint32_t dead_mask = inherited;
   for (uint32_t r = 0; r < c.max_ranks(); ++r) {
     RankRecord& rec = c.rank(r);
     const uint32_t st = rec.state.load(std::memory_order_acquire);
+    if ((inherited >> r) & 1u) continue;  // our own record: its leftovers only
     if (st == static_cast<uint32_t>(RankState::kFree) || c.rank_alive(r)) continue;
     dead_mask |= 1u << r;
     rec.state.store(static_cast<uint32_t>(RankState::kReaping), std::memory_order_release);
@@ -129,9 +151,9 @@ Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped) {
     }
   }
 
-  // 4. Records.
+  // 4. Records (not the ones the caller adopted).
   for (uint32_t r = 0; r < c.max_ranks(); ++r) {
-    if (!((dead_mask >> r) & 1u)) continue;
+    if (!((dead_mask >> r) & 1u) || ((inherited >> r) & 1u)) continue;
     RankRecord& rec = c.rank(r);
     rec.pid.store(0, std::memory_order_relaxed);
     rec.start_ticks.store(0, std::memory_order_relaxed);

@@ -26,9 +26,15 @@
 
 namespace ucm {
 
-// Reaps every dead local rank; `me` is the caller's local rank. *reaped (optional)
-// receives how many were reaped.
-[[nodiscard]] Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped);
+// Reaps every dead local rank; `me` is the caller's local rank, joined (or
+// being joined by join_rank). *reaped (optional) receives how many were
+// reaped. `inherited` adds ranks whose records already name the caller but
+// whose leftovers (pins, locks, claims, loads) belong to a dead predecessor.
+[[nodiscard]] Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited = 0);
+
+// Joins rank r; if a dead process still holds its record, adopts the record
+// and cleans up after the predecessor first.
+[[nodiscard]] Result join_rank(const BufferCtrl& c, uint32_t r);
 
 // True if some registered rank's process is gone (cheap enough for slow paths).
 bool any_rank_dead(const BufferCtrl& c);

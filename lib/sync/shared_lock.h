@@ -1,7 +1,8 @@
 // A cross-process lock in one 32-bit word of shared memory that names its holder.
 //
-// Word: 0 = free; otherwise bits 0..15 hold the holder id (local rank + 1) and
-// bit 31 says that someone may be sleeping on it. Lock takes it with a CAS;
+// Word: 0 = free; otherwise bits 0..30 hold the holder id (a local rank + 1
+// for bucket locks, a pid for the recovery lock) and bit 31 says that someone
+// may be sleeping on it. Lock takes it with a CAS;
 // a contended locker sets bit 31 and futex-waits in slices. After each slice it
 // asks `holder_alive(holder id)`; a dead holder ends the wait with kPeerDead so
 // the caller can run recovery (which steals the lock with `shared_lock_steal`).
@@ -19,7 +20,7 @@
 namespace ucm {
 
 constexpr uint32_t kLockContended = 0x80000000u;
-constexpr uint32_t kLockHolderMask = 0x0000ffffu;
+constexpr uint32_t kLockHolderMask = 0x7fffffffu;
 
 inline uint32_t lock_holder(uint32_t word) { return word & kLockHolderMask; }
 
@@ -31,7 +32,7 @@ struct LockWaitPolicy {
   void* ctx = nullptr;
 };
 
-// Acquires the lock for `holder_id` (1..65535). Returns kOk, kTimeout when the
+// Acquires the lock for `holder_id` (1..2^31-1). Returns kOk, kTimeout when the
 // absolute deadline passes, or kPeerDead with *dead_holder set when the holder
 // died (the lock is then still held by the dead id: steal it to recover).
 [[nodiscard]] Result shared_lock(std::atomic<uint32_t>* word, uint32_t holder_id, uint64_t deadline_ns,
