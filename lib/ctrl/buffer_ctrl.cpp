@@ -278,9 +278,11 @@ Result BufferCtrl::join(uint32_t r) {
       return fail(Result::kBadState, "local rank %u is already attached by live pid %d", r, pid);
     return fail(Result::kPeerDead, "local rank %u is still held by dead pid %d: reap it first", r, pid);
   }
+  // Start time before the pid (released): a prober that reads the pid
+  // (acquire) then reads the matching start time.
   ProcessIdentity self = self_identity();
-  rec.pid.store(self.pid, std::memory_order_relaxed);
   rec.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
+  rec.pid.store(self.pid, std::memory_order_release);
   rec.generation.fetch_add(1, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
   return Result::kOk;
@@ -289,15 +291,16 @@ Result BufferCtrl::join(uint32_t r) {
 Result BufferCtrl::adopt_dead_record(uint32_t r) {
   if (r >= max_ranks_) return fail(Result::kInvalidArg, "local rank %u >= max_ranks %u", r, max_ranks_);
   RankRecord& rec = rank(r);
-  uint32_t st = rec.state.load(std::memory_order_acquire);
+  const uint32_t st = rec.state.load(std::memory_order_acquire);
   if (st == static_cast<uint32_t>(RankState::kFree) || rank_alive(r))
     return fail(Result::kBadState, "local rank %u is not held by a dead process", r);
+  // The caller holds the recovery lock (join_rank), so no reaper frees the
+  // record under us. Identity first (start time, then the pid, released):
+  // a prober then sees this process, never the dead one in a live state.
   const ProcessIdentity self = self_identity();
-  // Identity first, then the state: a prober that sees kJoining sees us.
-  if (!rec.state.compare_exchange_strong(st, static_cast<uint32_t>(RankState::kJoining), std::memory_order_acq_rel))
-    return fail(Result::kBadState, "local rank %u changed hands while being adopted", r);
-  rec.pid.store(self.pid, std::memory_order_relaxed);
-  rec.start_ticks.store(self.start_ticks, std::memory_order_release);
+  rec.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
+  rec.pid.store(self.pid, std::memory_order_release);
+  rec.state.store(static_cast<uint32_t>(RankState::kJoining), std::memory_order_release);
   return Result::kOk;
 }
 
@@ -320,7 +323,7 @@ bool BufferCtrl::rank_alive(uint32_t r) const {
   const RankRecord& rec = rank(r);
   if (rec.state.load(std::memory_order_acquire) == static_cast<uint32_t>(RankState::kFree)) return false;
   ProcessIdentity id;
-  id.pid = rec.pid.load(std::memory_order_relaxed);
+  id.pid = rec.pid.load(std::memory_order_acquire);
   id.start_ticks = rec.start_ticks.load(std::memory_order_relaxed);
   if (id.pid == 0) return true;  // joining: identity not written yet
   return is_alive(id);

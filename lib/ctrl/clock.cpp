@@ -102,8 +102,13 @@ uint32_t take_unused(const BufferCtrl& c, std::atomic<uint32_t>& next, uint32_t 
   uint32_t u = next.load(std::memory_order_relaxed);
   while (u < n) {
     if (next.compare_exchange_weak(u, u + 1, std::memory_order_relaxed)) {
-      // A racing sweep may have claimed it already: then try the next one.
-      if (claim_slot(c, holder, first + u)) return first + u;
+      // Between our bump and our claim, a sweep that found the counter used up
+      // may have taken this slot as a victim, keyed it and released it: then
+      // it is no longer ours to take. Only a claimed slot with no key is.
+      if (claim_slot(c, holder, first + u)) {
+        if (c.slot(first + u).shard.load(std::memory_order_relaxed) == kEmptyShard) return first + u;
+        unclaim_slot(c, first + u);
+      }
       u = next.load(std::memory_order_relaxed);
     }
   }

@@ -76,18 +76,9 @@ Result lock_bucket(const BufferCtrl& c, uint32_t me, uint32_t b, uint64_t slice_
   }
 }
 
-Result join_rank(const BufferCtrl& c, uint32_t r) {
-  auto& ctrl = const_cast<BufferCtrl&>(c);
-  const Result first = ctrl.join(r);
-  if (first != Result::kPeerDead) return first;
-  UCM_CHECK(ctrl.adopt_dead_record(r));
-  UCM_CHECK(reap_dead_ranks(c, r, nullptr, 1u << r));
-  ctrl.finish_join(r);
-  return Result::kOk;
-}
+namespace {
 
-Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
-  const uint32_t holder = holder_id(me);
+void lock_recovery(const BufferCtrl& c) {
   CtrlGlobals& g = c.globals();
   const uint32_t self_pid = static_cast<uint32_t>(getpid());
   LockWaitPolicy pid_pol;
@@ -96,9 +87,41 @@ Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint3
   for (;;) {
     uint32_t dead = 0;
     Result r = shared_lock(&g.recovery_lock, self_pid, kNoDeadline, pid_pol, &dead);
-    if (r == Result::kOk) break;
-    if (r == Result::kPeerDead && shared_lock_steal(&g.recovery_lock, dead, self_pid)) break;
+    if (r == Result::kOk) return;
+    if (r == Result::kPeerDead && shared_lock_steal(&g.recovery_lock, dead, self_pid)) return;
   }
+}
+
+Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited);
+
+}  // namespace
+
+Result join_rank(const BufferCtrl& c, uint32_t r) {
+  auto& ctrl = const_cast<BufferCtrl&>(c);
+  // Under the recovery lock, no reaper can free the record while we adopt it.
+  lock_recovery(c);
+  Result res = ctrl.join(r);
+  if (res == Result::kPeerDead) {
+    res = ctrl.adopt_dead_record(r);
+    if (res == Result::kOk) res = reap_locked(c, r, nullptr, 1u << r);
+    if (res == Result::kOk) ctrl.finish_join(r);
+  }
+  shared_unlock(&c.globals().recovery_lock);
+  return res;
+}
+
+Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
+  lock_recovery(c);
+  const Result r = reap_locked(c, me, reaped, inherited);
+  shared_unlock(&c.globals().recovery_lock);
+  return r;
+}
+
+namespace {
+
+Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
+  const uint32_t holder = holder_id(me);
+  CtrlGlobals& g = c.globals();
 
   uint32_t dead_mask = inherited;
   for (uint32_t r = 0; r < c.max_ranks(); ++r) {
@@ -112,10 +135,7 @@ Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint3
              rec.pid.load(std::memory_order_relaxed));
   }
   if (reaped) *reaped = static_cast<uint32_t>(__builtin_popcount(dead_mask));
-  if (dead_mask == 0) {
-    shared_unlock(&g.recovery_lock);
-    return Result::kOk;
-  }
+  if (dead_mask == 0) return Result::kOk;
 
   // 2. Bucket locks held by the dead.
   for (uint32_t b = 0; b < c.bucket_count(); ++b) {
@@ -161,8 +181,9 @@ Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint3
   }
   g.reap_count.fetch_add(1, std::memory_order_relaxed);
   if (me < c.max_ranks()) c.rank(me).counters.reaps.fetch_add(__builtin_popcount(dead_mask), std::memory_order_relaxed);
-  shared_unlock(&g.recovery_lock);
   return Result::kOk;
 }
+
+}  // namespace
 
 }  // namespace ucm
