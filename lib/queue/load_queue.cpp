@@ -159,6 +159,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     GetResult g;
     Result r = get_with_backpressure(entries[i].key, *t, &g);
     if (r != Result::kOk) {
+      add(ctr_->failed_shards, 1);
       t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
       continue;
     }
@@ -172,6 +173,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
         r = write_dump(t, i, g.slot, dump_stream_.get());
         if (r != Result::kOk) {
           (void)cache_->mark_failed(g.slot);
+          add(ctr_->failed_shards, 1);
           t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
         }
         cache_->release(g.slot);
@@ -182,6 +184,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
       if (r != Result::kOk) {
         (void)cache_->mark_failed(g.slot);
         cache_->release(g.slot);
+        add(ctr_->failed_shards, 1);
         t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
         continue;
       }
@@ -259,9 +262,11 @@ void LoadQueue::on_io_done(IoRequest* req) {
   LoadQueue* q = io->queue;
   if (io->is_load) {
     if (req->result == Result::kOk) {
+      // Counted before Ready is published: a task that completes on it (here
+      // or on a peer) must already see the bytes in the stats.
+      add(q->ctr_->bytes_from_backend, req->bytes);
       if (q->cache_->mark_ready(io->slot) != Result::kOk)
         UCM_WARN("rank %u: marking slot %u ready: %s", q->opts_.local_rank, io->slot, last_error().c_str());
-      add(q->ctr_->bytes_from_backend, req->bytes);
     } else {
       add(q->ctr_->load_failures, 1);
       {
@@ -277,6 +282,7 @@ void LoadQueue::on_io_done(IoRequest* req) {
       io->task->entry_ok();
     } else {
       // The slot stays Ready (its bytes are right); the store did not take them.
+      add(q->ctr_->failed_shards, 1);
       io->task->entry_failed(io->index, Result::kBackend,
                              q->key_text(req->key) + ": write-through failed: " + std::string(req->error));
     }
@@ -381,6 +387,11 @@ void LoadQueue::process(Item& it) {
                       " at the task's deadline");
         return;
       }
+      // Each wait above ends after kStopCheckNs, before the cache's liveness
+      // slice, so the cache's own dead-owner check never runs inside it: a
+      // dead owner's load would be waited on until the task's deadline.
+      const uint32_t owner = word_owner(w);
+      if (owner != kNoOwner && owner != cache_->rank() && !cache_->ctrl().rank_alive(owner)) (void)cache_->reap();
     } else {
       fail_item(it, r, key_text(e.key) + ": " + last_error());
       return;

@@ -3,6 +3,8 @@
 // MpiTest report a failure that happened on any rank on rank 0 too.
 #include <mpi.h>
 
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 #include "mpi/mpi_test.h"
@@ -33,6 +35,21 @@ int world_size() {
   return s;
 }
 
+// On ranks other than 0 the printer is gone; this says what failed there,
+// with the rank, so rank 0's "a failure on another rank" has its details.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                 r.line_number(), r.message());
+  }
+
+ private:
+  int rank_;
+};
+
 }  // namespace ucm::test
 
 int main(int argc, char** argv) {
@@ -44,6 +61,7 @@ int main(int argc, char** argv) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     delete listeners.Release(listeners.default_xml_generator());
+    listeners.Append(new ucm::test::RankFailurePrinter(rank));
   }
   int rc = RUN_ALL_TESTS();
   int worst = 0;

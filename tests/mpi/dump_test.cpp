@@ -1,0 +1,262 @@
+// The write path under mpirun: ucm_dump_task into the posix store and back,
+// one backend write per key per node, peers hitting what was dumped, a store
+// that survives a restart of the cache, a failing write-through, the Touch
+// cascade, and ucm_lookup's three answers (on a scheduler rank too).
+#include <ftw.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
+
+namespace ucm::test {
+namespace {
+
+using Dump = MpiTest;
+
+// A fresh store directory: made by rank 0, its name broadcast; removed by
+// rank 0 when the test ends.
+class StoreDir {
+ public:
+  StoreDir() {
+    std::string d;
+    if (world_rank() == 0) {
+      char tmpl[] = "/tmp/ucm-dump-test-XXXXXX";
+      if (mkdtemp(tmpl)) d = tmpl;
+    }
+    dir_ = bcast_string(d);
+    EXPECT_FALSE(dir_.empty()) << "mkdtemp failed on rank 0";
+  }
+  ~StoreDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0 && !dir_.empty())
+      nftw(dir_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8,
+           FTW_DEPTH | FTW_PHYS);
+  }
+  std::string spec() const { return "posix:" + dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// Dumped content: the complement of the sim store's, so a copy that came from
+// a sim store instead of the dump is told apart.
+void fill_dumped(const ucm_key_t& k, std::vector<uint8_t>* buf) {
+  buf->resize(kTaskShard);
+  sim_fill(ikey(k), buf->data(), kTaskShard);
+  for (uint8_t& b : *buf) b = static_cast<uint8_t>(~b);
+}
+
+bool is_dumped(const ucm_key_t& k, const std::vector<uint8_t>& buf) {
+  std::vector<uint8_t> want;
+  fill_dumped(k, &want);
+  return buf == want;
+}
+
+struct DumpBatch {
+  std::vector<ucm_dump_entry_t> entries;
+  std::vector<std::vector<uint8_t>> src;
+
+  void add(const ucm_key_t& k) {
+    src.emplace_back();
+    fill_dumped(k, &src.back());
+    entries.push_back({k, nullptr});
+    for (size_t i = 0; i < entries.size(); ++i) entries[i].src = src[i].data();
+  }
+};
+
+ucm_result_t dump_and_wait(ucm_cache_t cache, DumpBatch& b) {
+  ucm_task_t t = 0;
+  const ucm_result_t r = ucm_dump_task(cache, b.entries.data(), b.entries.size(), &t);
+  if (r != UCM_OK) return r;
+  return ucm_task_wait(cache, t, kTaskWaitMs);
+}
+
+uint64_t sum_over_ranks(uint64_t v) {
+  uint64_t total = 0;
+  MPI_Allreduce(&v, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
+  StoreDir store;
+  ucm_config_t cfg = task_config(128, store.spec().c_str());
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  constexpr uint64_t kKeys = 8;
+  DumpBatch d;
+  for (uint64_t i = 0; i < kKeys; ++i) d.add(ukey(30000 + i, static_cast<uint32_t>(i % 8)));
+
+  // Every rank dumps the same keys: one of them writes each.
+  ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s1 = node_stats(cache);
+  EXPECT_EQ(s1.dumps, kKeys) << "exactly one backend write per key per node";
+  EXPECT_EQ(s1.bytes_dumped, kKeys * kTaskShard);
+  EXPECT_EQ(sum_over_ranks(impl_of(cache)->backend()->counters().dumps), kKeys)
+      << "the stores saw one write per key in all";
+
+  // Right after, every rank hits what was dumped: nothing goes to the store.
+  LoadBatch l;
+  for (const ucm_dump_entry_t& e : d.entries) l.add(e.key);
+  ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+  for (size_t i = 0; i < kKeys; ++i) EXPECT_TRUE(is_dumped(l.entries[i].key, l.dst[i])) << "entry " << i;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s2 = node_stats(cache);
+  EXPECT_EQ(s2.hits - s1.hits, kKeys * static_cast<uint64_t>(world_size())) << "every rank hit every dumped key";
+  EXPECT_EQ(s2.owner_loads, s1.owner_loads) << "no backend load";
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+
+  // A restart: a new, empty cache over the same store. The bytes come back
+  // from the files.
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  LoadBatch again;
+  for (const ucm_dump_entry_t& e : d.entries) again.add(e.key);
+  ASSERT_EQ(load_and_wait(cache, again), UCM_OK) << ucm_last_error(cache);
+  for (size_t i = 0; i < kKeys; ++i) EXPECT_TRUE(is_dumped(again.entries[i].key, again.dst[i])) << "entry " << i;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s3 = node_stats(cache);
+  EXPECT_EQ(s3.owner_loads, kKeys) << "each key read from the store once per node";
+  EXPECT_EQ(s3.bytes_from_backend, kKeys * kTaskShard);
+  EXPECT_EQ(s3.failed_shards, 0u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
+  // Rank r dumps (31000 + r, 1), which the sim store refuses, and a good key.
+  std::string spec = "sim:latency_us=100,fail_keys=";
+  for (int r = 0; r < world_size(); ++r) spec += (r ? "+" : "") + std::to_string(31000 + r) + ".1";
+  ucm_config_t cfg = task_config(128, spec.c_str());
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const uint64_t me = static_cast<uint64_t>(world_rank());
+  DumpBatch d;
+  d.add(ukey(31100 + me, 1));
+  d.add(ukey(31000 + me, 1));
+  EXPECT_EQ(dump_and_wait(cache, d), UCM_ERR_BACKEND);
+  const std::string err = ucm_last_error(cache);
+  EXPECT_NE(err.find(key_hex(ukey(31000 + me, 1))), std::string::npos) << err;
+  EXPECT_NE(err.find("write-through failed"), std::string::npos) << err;
+  EXPECT_EQ(err.find(key_hex(ukey(31100 + me, 1))), std::string::npos) << "the good key is not named: " << err;
+  EXPECT_EQ(rank_stats(cache).failed_shards, 1u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s1 = node_stats(cache);
+
+  // Every rank loads every rank's keys: served from the cache (the store
+  // would fail the bad ones, and would give the sim content, not the dump).
+  LoadBatch l;
+  for (int r = 0; r < world_size(); ++r) {
+    l.add(ukey(31000 + static_cast<uint64_t>(r), 1));
+    l.add(ukey(31100 + static_cast<uint64_t>(r), 1));
+  }
+  ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+  for (size_t i = 0; i < l.entries.size(); ++i) EXPECT_TRUE(is_dumped(l.entries[i].key, l.dst[i])) << "entry " << i;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s2 = node_stats(cache);
+  EXPECT_EQ(s2.owner_loads, s1.owner_loads) << "nothing went to the store";
+  EXPECT_EQ(s2.dumps, static_cast<uint64_t>(world_size())) << "only the good keys were written";
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+TEST_F(Dump, TouchForwardsExactlyTheGivenBlocksToTheStoreInOrder) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=100");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  SimBackend* sim = sim_of(cache);
+  ASSERT_NE(sim, nullptr);
+  // Some resident blocks first, so Touch has slots to mark too.
+  LoadBatch l;
+  for (uint64_t i = 0; i < 4; ++i) l.add(ukey(32000 + i, 0));
+  ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_TRUE(sim->touched_blocks().empty());
+
+  // Per rank: a resident block, an unknown one, a repeat, then a second call.
+  const uint64_t me = static_cast<uint64_t>(world_rank());
+  std::vector<ucm_block_t> first{ublock(32000 + me), ublock(32900 + me), ublock(32001), ublock(32000 + me)};
+  std::vector<ucm_block_t> second{ublock(32003), ublock(7)};
+  ASSERT_EQ(ucm_touch(cache, first.data(), first.size()), UCM_OK) << ucm_last_error(cache);
+  ASSERT_EQ(ucm_touch(cache, second.data(), 0), UCM_OK) << "n = 0 is a no-op";
+  ASSERT_EQ(ucm_touch(cache, second.data(), second.size()), UCM_OK) << ucm_last_error(cache);
+  EXPECT_EQ(ucm_touch(cache, nullptr, 3), UCM_ERR_NULL_POINTER);
+
+  std::vector<BlockId> want;
+  for (const ucm_block_t& b : first) want.push_back(block_from_bytes(b.bytes));
+  for (const ucm_block_t& b : second) want.push_back(block_from_bytes(b.bytes));
+  const std::vector<BlockId> got = sim->touched_blocks();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(got[i] == want[i]) << "block " << i << ": lo " << got[i].lo << ", want " << want[i].lo;
+  EXPECT_EQ(sim->counters().touches, want.size());
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+TEST_F(Dump, LookupSaysCacheBackendOrNoneOnEveryRankTheSchedulerToo) {
+  StoreDir store;
+  ucm_config_t cfg = task_config(128, store.spec().c_str());
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  constexpr size_t kKeys = 4;
+  DumpBatch d;
+  for (uint64_t i = 0; i < kKeys; ++i) d.add(ukey(33000 + i, 2));
+  ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+
+  // A new cache over the same store; the last rank is a scheduler.
+  const bool scheduler = world_rank() == world_size() - 1;
+  if (scheduler) cfg.device_id = UCM_DEVICE_NONE;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  std::vector<ucm_key_t> keys;
+  for (const ucm_dump_entry_t& e : d.entries) keys.push_back(e.key);
+  keys.push_back(ukey(33000, 3));  // a dumped block, a shard never dumped
+  keys.push_back(ukey(33999, 2));  // a block the store never saw
+  std::vector<uint8_t> where(keys.size(), 0xff);
+  ASSERT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_OK) << ucm_last_error(cache);
+  for (size_t i = 0; i < kKeys; ++i) EXPECT_EQ(where[i], UCM_WHERE_BACKEND) << "key " << i << ": only in the store";
+  EXPECT_EQ(where[kKeys], UCM_WHERE_NONE);
+  EXPECT_EQ(where[kKeys + 1], UCM_WHERE_NONE);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // The loading ranks bring the first two in.
+  if (!scheduler) {
+    LoadBatch l;
+    l.add(keys[0]);
+    l.add(keys[1]);
+    ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+    EXPECT_TRUE(is_dumped(l.entries[0].key, l.dst[0]));
+    EXPECT_TRUE(is_dumped(l.entries[1].key, l.dst[1]));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::fill(where.begin(), where.end(), 0xff);
+  ASSERT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_OK) << ucm_last_error(cache);
+  EXPECT_EQ(where[0], UCM_WHERE_CACHE);
+  EXPECT_EQ(where[1], UCM_WHERE_CACHE);
+  EXPECT_EQ(where[2], UCM_WHERE_BACKEND);
+  EXPECT_EQ(where[3], UCM_WHERE_BACKEND);
+  EXPECT_EQ(where[kKeys], UCM_WHERE_NONE);
+  EXPECT_EQ(where[kKeys + 1], UCM_WHERE_NONE);
+
+  // Bad lookups.
+  std::vector<ucm_key_t> bad{keys[0], ukey(33000, 8)};
+  EXPECT_EQ(ucm_lookup(cache, bad.data(), bad.size(), where.data()), UCM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(ucm_last_error(cache)).find("shard 8 >= shards_per_block 8 in key 1"), std::string::npos)
+      << ucm_last_error(cache);
+  EXPECT_EQ(ucm_lookup(cache, nullptr, 2, where.data()), UCM_ERR_NULL_POINTER);
+  EXPECT_EQ(ucm_lookup(cache, keys.data(), 2, nullptr), UCM_ERR_NULL_POINTER);
+  EXPECT_EQ(ucm_lookup(cache, keys.data(), 0, nullptr), UCM_OK) << "n = 0 is a no-op";
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+}  // namespace
+}  // namespace ucm::test
