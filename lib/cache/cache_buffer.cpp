@@ -34,7 +34,13 @@ inline void mark_accessed(const BufferCtrl& c, uint32_t i) {
   if (!a.load(std::memory_order_relaxed)) a.store(1, std::memory_order_relaxed);
 }
 
-inline void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+// Statistics, not accounting: a load and a store, not a locked add (which
+// costs as much as the rest of a hit). Each rank's counters have one writer
+// in practice (its dispatcher); two threads of one rank bumping the same
+// counter at the same instant may lose one increment.
+inline void bump(std::atomic<uint64_t>& counter) {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
 
 void sleep_ns(uint64_t ns) {
   timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
@@ -130,13 +136,23 @@ Result CacheBuffer::check_joined() const {
 Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
-  const uint64_t start = now_ns();
-  const uint64_t deadline = start + opts_.lock_timeout_ms * 1000000ull;
-  uint64_t next_liveness_check = start + slice_ns_;
+  // The clock is read only when something makes us wait: an uncontended miss
+  // never pays for it.
+  uint64_t deadline = 0;
+  uint64_t next_liveness_check = 0;
+  auto start_clock = [&] {
+    if (deadline != 0) return;
+    const uint64_t start = now_ns();
+    deadline = start + opts_.lock_timeout_ms * 1000000ull;
+    next_liveness_check = start + slice_ns_;
+  };
   bool reaped_for_space = false;
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
   for (;;) {
-    UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline));
+    if (!shared_try_lock(lock, holder_)) {
+      start_clock();
+      UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline));
+    }
     const uint32_t i = chain_find_locked(c, b, k);
     if (i != kNoSlot) {
       Attach a;
@@ -146,6 +162,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       if (a == Attach::kDone) return Result::kOk;
       // Claimed by an evictor: it needs our bucket's lock to detach it, will
       // fail its try-lock and drop the claim. Unless it died holding it.
+      start_clock();
       const uint64_t now = now_ns();
       if (now >= deadline)
         return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i,
@@ -266,12 +283,14 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
 void CacheBuffer::release(uint32_t slot) {
   const BufferCtrl& c = *ctrl_;
   if (slot >= c.total_slots()) return;
-  if (c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 1) {
-    // Our last pin: a load we own and never finished is abandoned, or its
-    // waiters would sleep until the deadline. Checked before unpinning, while
-    // the slot cannot be re-keyed under us.
-    std::atomic<uint32_t>& word = c.slot(slot).word;
-    uint32_t w = word.load(std::memory_order_acquire);
+  std::atomic<uint32_t>& word = c.slot(slot).word;
+  uint32_t w = word.load(std::memory_order_acquire);
+  // The common case (a hit: Ready) is one load and the unpin. Only a load this
+  // rank owns and never finished needs a look at our pin count: our last pin
+  // on it abandons the load (Failed, waiters take over), decided before the
+  // unpin, while the slot cannot be re-keyed under us.
+  if (word_state(w) == State::kIdle && word_owner(w) == opts_.rank &&
+      c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 1) {
     while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank) {
       if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
         futex_wake(&word, kWakeAll);
@@ -351,6 +370,14 @@ bool CacheBuffer::exists(const Key& k) const {
   if (i == kNoSlot) return false;
   const bool ready = word_state(ctrl_->slot(i).word.load(std::memory_order_acquire)) == State::kReady;
   return ready && slot_has_key(*ctrl_, i, k);
+}
+
+bool CacheBuffer::being_served(const Key& k) const {
+  if (k.shard >= ctrl_->shards_per_block()) return false;
+  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k);
+  if (i == kNoSlot) return false;
+  const uint32_t w = ctrl_->slot(i).word.load(std::memory_order_acquire);
+  return !(word_state(w) == State::kIdle && word_owner(w) == kNoOwner) && slot_has_key(*ctrl_, i, k);
 }
 
 Result CacheBuffer::reap() { return reap_dead_ranks(*ctrl_, opts_.rank, nullptr); }
