@@ -92,6 +92,9 @@ typedef struct ucm_config {
   uint32_t liveness_ms;      /* UCM_LIVENESS_MS (50): how often a waiter checks its peer lives [layout] */
   uint32_t load_retries;     /* UCM_LOAD_RETRIES (2): owner retries of a failed backend load */
   uint32_t io_depth;         /* UCM_IO_DEPTH (16): backend loads in flight per rank */
+  uint32_t owner_grace_us;   /* UCM_OWNER_GRACE_US (1000): how long a peer's share of a task
+                                waits for that peer to load it before this rank does
+                                (keeps ownership balanced when ranks arrive skewed) */
   uint64_t segment_bytes;    /* UCM_SEGMENT_BYTES (1 GiB): data-plane segment size bound [layout] */
   char backend[512];         /* UCM_BACKEND: "posix:/dir[,depth=8]" or "sim:latency_us=..."
                                 (no default: init names it missing)                    [layout] */

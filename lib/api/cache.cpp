@@ -91,6 +91,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
     q.prealloc = config_.prealloc != 0;
     q.io_depth = config_.io_depth;
     q.load_retries = config_.load_retries;
+    q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
   }

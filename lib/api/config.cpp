@@ -101,6 +101,7 @@ void config_defaults(ucm_config_t* c) {
   c->liveness_ms = 50;
   c->load_retries = 2;
   c->io_depth = 16;
+  c->owner_grace_us = 1000;
   c->segment_bytes = 1024 * kMiB;
 }
 
@@ -123,6 +124,7 @@ Result config_from_env(ucm_config_t* c) {
   UCM_CHECK(env_int("UCM_LIVENESS_MS", 1, 60000, &c->liveness_ms));
   UCM_CHECK(env_int("UCM_LOAD_RETRIES", 0, 100, &c->load_retries));
   UCM_CHECK(env_int("UCM_IO_DEPTH", 1, 1 << 16, &c->io_depth));
+  UCM_CHECK(env_int("UCM_OWNER_GRACE_US", 0, 10000000, &c->owner_grace_us));
   UCM_CHECK(env_size("UCM_SEGMENT_BYTES", &c->segment_bytes));
   if (const char* v = std::getenv("UCM_BACKEND")) {
     if (std::strlen(v) >= sizeof(c->backend))
@@ -209,11 +211,11 @@ std::string describe_config(const ucm_config_t& c) {
   std::snprintf(buf, sizeof(buf),
                 "shards_per_block=%u shard_bytes=%" PRIu64 " cache_bytes=%" PRIu64 " reserved_slots=%u "
                 "max_task_entries=%u device_id=%s ranks_per_node=%u order=%s evict=%s wait=%s prealloc=%d "
-                "hugepages=%s bind_threads=%d timeout_ms=%u liveness_ms=%u load_retries=%u io_depth=%u "
+                "hugepages=%s bind_threads=%d timeout_ms=%u liveness_ms=%u load_retries=%u io_depth=%u owner_grace_us=%u "
                 "segment_bytes=%" PRIu64 " backend=%s",
                 c.shards_per_block, c.shard_bytes, c.cache_bytes, c.reserved_slots, c.max_task_entries, dev,
                 c.ranks_per_node, order_name(c.order), evict_name(c.evict), wait_name(c.wait), c.prealloc,
-                huge_name(c.hugepages), c.bind_threads, c.timeout_ms, c.liveness_ms, c.load_retries, c.io_depth,
+                huge_name(c.hugepages), c.bind_threads, c.timeout_ms, c.liveness_ms, c.load_retries, c.io_depth, c.owner_grace_us,
                 c.segment_bytes, c.backend);
   return buf;
 }

@@ -96,6 +96,9 @@ class CacheBuffer {
 
   // Whether k is resident and Ready (a hint). Works on a scheduler rank.
   bool exists(const Key& k) const;
+  // Whether some rank holds k or is loading it (a hint): resident and not a
+  // preallocated slot that nobody owns yet.
+  bool being_served(const Key& k) const;
 
   void* data_at(uint32_t slot) const { return data_ ? data_->at(slot) : nullptr; }
   bool scheduler() const { return data_ == nullptr; }

@@ -16,6 +16,7 @@ namespace {
 
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
 constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
+constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's deferred entries
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
@@ -149,52 +150,89 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
   add(ctr_->shards, entries.size());
   std::vector<uint32_t> order;
   rearrange_order(static_cast<uint32_t>(entries.size()), opts_.local_rank, opts_.local_size, opts_.rotate, &order);
-  for (size_t n = 0; n < order.size(); ++n) {
-    const uint32_t i = order[n];
-    if (stopping()) {
-      for (size_t m = n; m < order.size(); ++m)
-        t->entry_failed(order[m], Result::kFinalized, "the cache was finalized while the task ran");
-      return;
-    }
-    GetResult g;
-    Result r = get_with_backpressure(entries[i].key, *t, &g);
-    if (r != Result::kOk) {
-      add(ctr_->failed_shards, 1);
-      t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-      continue;
-    }
-    if (t->kind() == TaskKind::kDump) {
-      if (g.kind == GetKind::kHit) {  // a peer (or an earlier task) already holds it
-        cache_->release(g.slot);
-        t->entry_ok();
+  // Our own stride comes first in the rotated order.
+  size_t own = order.size();
+  if (opts_.rotate && opts_.local_size > 1) {
+    own = 0;
+    while (own < order.size() && order[own] % opts_.local_size == opts_.local_rank) ++own;
+  }
+  for (size_t n = 0; n < own; ++n)
+    if (!dispatch_entry(t, order[n])) return fail_rest(t, order, n + 1);
+  // The peers' strides: a rank that arrives first would otherwise own every
+  // shard its peers have not asked for yet, and the node's loads would run
+  // from one rank. So a peer's entry waits (at most owner_grace) until some
+  // rank loads it; only what nobody took by then is ours to load.
+  std::vector<uint32_t> deferred(order.begin() + static_cast<long>(own), order.end());
+  const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
+  while (!deferred.empty()) {
+    const bool expired = now_ns() >= grace_end;
+    size_t kept = 0;
+    for (size_t n = 0; n < deferred.size(); ++n) {
+      const uint32_t i = deferred[n];
+      if (!expired && !cache_->being_served(entries[i].key)) {
+        deferred[kept++] = i;
         continue;
       }
-      if (g.kind == GetKind::kOwner) {
-        r = write_dump(t, i, g.slot, dump_stream_.get());
-        if (r != Result::kOk) {
-          (void)cache_->mark_failed(g.slot);
-          add(ctr_->failed_shards, 1);
-          t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-        }
-        cache_->release(g.slot);
-        continue;
+      if (!dispatch_entry(t, i)) {
+        deferred.erase(deferred.begin(), deferred.begin() + static_cast<long>(n));
+        return fail_rest(t, deferred, 1);
       }
-    } else if (g.kind == GetKind::kOwner) {
-      r = start_load(t, i, g.slot);
-      if (r != Result::kOk) {
-        (void)cache_->mark_failed(g.slot);
-        cache_->release(g.slot);
-        add(ctr_->failed_shards, 1);
-        t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-        continue;
-      }
-      g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
     }
-    std::lock_guard<std::mutex> lk(mu_);
-    items_.push_back(Item{t, i, g.slot, g.word, 0});
-    copier_cv_.notify_one();
+    deferred.resize(kept);
+    if (!deferred.empty()) nap_ns(kDeferNapNs);
   }
   if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
+}
+
+void LoadQueue::fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from) {
+  for (size_t m = from; m < order.size(); ++m)
+    t->entry_failed(order[m], Result::kFinalized, "the cache was finalized while the task ran");
+}
+
+bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
+  const auto& entries = t->entries();
+  if (stopping()) {
+    t->entry_failed(i, Result::kFinalized, "the cache was finalized while the task ran");
+    return false;
+  }
+  GetResult g;
+  Result r = get_with_backpressure(entries[i].key, *t, &g);
+  if (r != Result::kOk) {
+    add(ctr_->failed_shards, 1);
+    t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
+    return true;
+  }
+  if (t->kind() == TaskKind::kDump) {
+    if (g.kind == GetKind::kHit) {  // a peer (or an earlier task) already holds it
+      cache_->release(g.slot);
+      t->entry_ok();
+      return true;
+    }
+    if (g.kind == GetKind::kOwner) {
+      r = write_dump(t, i, g.slot, dump_stream_.get());
+      if (r != Result::kOk) {
+        (void)cache_->mark_failed(g.slot);
+        add(ctr_->failed_shards, 1);
+        t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
+      }
+      cache_->release(g.slot);
+      return true;
+    }
+  } else if (g.kind == GetKind::kOwner) {
+    r = start_load(t, i, g.slot);
+    if (r != Result::kOk) {
+      (void)cache_->mark_failed(g.slot);
+      cache_->release(g.slot);
+      add(ctr_->failed_shards, 1);
+      t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
+      return true;
+    }
+    g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  items_.push_back(Item{t, i, g.slot, g.word, 0});
+  copier_cv_.notify_one();
+  return true;
 }
 
 void LoadQueue::idle_prealloc(const Task& t) {

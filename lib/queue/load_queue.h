@@ -2,8 +2,10 @@
 //
 //   submit() -> pending (bounded) -> DISPATCHER -> copier queue -> COPIER
 //
-// The dispatcher visits a task's entries in RearrangeIndex order and calls
-// get() on each: a hit goes to the copier; as owner it pins the slot once more
+// The dispatcher visits a task's entries in RearrangeIndex order: its own
+// stride at once, a peer's stride once some rank serves it or after
+// owner_grace (so that a rank that arrives first does not own the whole
+// task). It calls get() on each: a hit goes to the copier; as owner it pins the slot once more
 // for the backend I/O, submits the load (at most io_depth in flight) and hands
 // the entry to the copier; as waiter it hands it over at once. It never waits
 // for another rank. When everything of a load task is handed over and no task
@@ -48,6 +50,9 @@ struct QueueOptions {
   uint32_t load_retries = 2;
   uint32_t pending_limit = 1024;
   uint64_t no_space_backoff_ns = 200'000;
+  // How long a peer's share of a task waits for that peer (or anyone) to load
+  // it before this rank does; 0: never wait (the first rank to arrive owns all).
+  uint64_t owner_grace_ns = 1'000'000;
 };
 
 class LoadQueue {
@@ -85,6 +90,9 @@ class LoadQueue {
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);
+  // false when the queue is stopping (the entry is failed).
+  bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
+  void fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from);
   Result get_with_backpressure(const Key& k, const Task& t, GetResult* g);
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);

@@ -40,7 +40,8 @@ void start_together() {
 
 // One 12-shard task (12 blocks, shard 2) on every rank; returns each rank's
 // owner loads for it.
-std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block, uint32_t io_depth = 1) {
+std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block, uint32_t io_depth = 1,
+                                        uint64_t skew_us = 0) {
   // io_depth 1 paces each dispatcher at one owned load per backend latency, so
   // a rank that starts a little early cannot run through its peers' strides
   // before they start: the free-running queues then keep the seed's lockstep
@@ -55,6 +56,7 @@ std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block,
   LoadBatch b;
   for (uint64_t i = 0; i < 12; ++i) b.add(ukey(first_block + i, 2));
   start_together();
+  if (skew_us) usleep(static_cast<useconds_t>(skew_us * world_rank()));  // ranks arrive one after another
   EXPECT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
   for (size_t i = 0; i < b.entries.size(); ++i) EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
   MPI_Barrier(MPI_COMM_WORLD);
@@ -65,8 +67,8 @@ std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block,
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
   if (world_rank() == 0) {
-    std::printf("[ScenarioA %s, io_depth %u] owner loads per rank:", order == UCM_ORDER_ROTATE ? "rotate" : "natural",
-                io_depth);
+    std::printf("[ScenarioA %s, io_depth %u, skew %llu us] owner loads per rank:",
+                order == UCM_ORDER_ROTATE ? "rotate" : "natural", io_depth, static_cast<unsigned long long>(skew_us));
     for (uint64_t v : per_rank) std::printf(" %llu", static_cast<unsigned long long>(v));
     std::printf(" (node %llu)\n", static_cast<unsigned long long>(node.owner_loads));
   }
@@ -77,6 +79,17 @@ TEST_F(Queue, ScenarioARotationGivesEveryRankAnEqualShareOfOwnerLoads) {
   const int n = world_size();
   if (12 % n != 0) GTEST_SKIP() << "12 shards do not split evenly over " << n << " ranks";
   const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7000);
+  ASSERT_EQ(per_rank.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
+}
+
+TEST_F(Queue, UnpacedRanksArrivingSkewedStillOwnAnEqualShare) {
+  // No pacing (io_depth 16) and each rank 200 us after the previous: the
+  // first to arrive leaves its peers' strides to them (owner_grace 1 ms), so
+  // ownership stays 1/n each instead of collapsing onto the earliest rank.
+  const int n = world_size();
+  if (12 % n != 0) GTEST_SKIP() << "12 shards do not split evenly over " << n << " ranks";
+  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7400, 16, 200);
   ASSERT_EQ(per_rank.size(), static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
 }
