@@ -1,0 +1,197 @@
+#include "cachebench_report.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace ucm::bench {
+namespace {
+
+const Case* find_case(const std::vector<Case>& cs, Layout l, uint32_t keys, int procs) {
+  for (const Case& c : cs)
+    if (c.kind == OpKind::kHit && c.layout == l && c.keys == keys && c.procs == procs) return &c;
+  return nullptr;
+}
+
+// The one-process line a two-process hit line is compared with (same key count).
+const Case* baseline_of(const std::vector<Case>& cs, const Case& c) {
+  if (c.kind != OpKind::kHit || c.procs == 1) return nullptr;
+  return find_case(cs, Layout::kOne, c.keys, 1);
+}
+
+const char* verdict(bool ok) { return ok ? "ok" : "MISSED"; }
+
+// A two-process hit line over its one-process line, by CPU time: a process
+// preempted by unrelated work stretches wall time, not the cost of its ops
+// (false sharing would stretch both).
+double cpu_ratio_to_1proc(const Case& c, const Case& base) { return median(c.runs_cpu) / median(base.runs_cpu); }
+
+void json_array(FILE* f, const std::vector<double>& v) {
+  fputc('[', f);
+  for (size_t i = 0; i < v.size(); ++i) fprintf(f, "%s%.3f", i ? ", " : "", v[i]);
+  fputc(']', f);
+}
+
+void json_wake(FILE* f, const WakeResult& w) {
+  fprintf(f,
+          "    \"%s\": {\"iters\": %d, \"latency_us\": {\"median\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"max\": %.3f},"
+          "\n      \"waiter_cpu_us_per_wait\": {\"median\": %.3f, \"mean\": %.3f, \"max\": %.3f},\n"
+          "      \"latency_us_all\": ",
+          w.mode, w.iters, median(w.latency_us), percentile(w.latency_us, 0.9), percentile(w.latency_us, 0.99),
+          percentile(w.latency_us, 1.0), median(w.cpu_us), mean(w.cpu_us), percentile(w.cpu_us, 1.0));
+  json_array(f, w.latency_us);
+  fprintf(f, "}");
+}
+
+}  // namespace
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t idx = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, idx == 0 ? 0 : idx - 1)];
+}
+
+double median(const std::vector<double>& v) { return percentile(v, 0.5); }
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+std::string cpu_model() {
+  FILE* f = fopen("/proc/cpuinfo", "r");
+  if (!f) return "?";
+  char line[512];
+  std::string model = "?";
+  while (fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "model name", 10) == 0) {
+      const char* p = strchr(line, ':');
+      if (p) {
+        model = p + 2;
+        while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
+      }
+      break;
+    }
+  }
+  fclose(f);
+  return model;
+}
+
+const char* sched_name() {
+  const int p = sched_getscheduler(0);
+  return p == SCHED_FIFO ? "fifo" : p == SCHED_RR ? "rr" : "other";
+}
+
+void print_header(const RunInfo& info) {
+  printf("ucm_cachebench: %s, %ld CPUs online, ranks on CPUs %d and %d, load %.2f, sched %s\n", cpu_model().c_str(),
+         sysconf(_SC_NPROCESSORS_ONLN), info.cpus[0], info.cpus[1], info.loadavg, sched_name());
+  printf("cache: %u slots x %" PRIu64 " B, max_ranks %u, data %s; %d reps x %" PRIu64 " ms per case%s\n", info.slots,
+         info.slot_bytes, info.max_ranks, info.hugetlb ? "hugetlb" : "4 KiB pages", info.reps, info.run_ms,
+         info.quick ? " (quick)" : "");
+  printf("calibration: one uncontended locked RMW %.1f ns, one clock_gettime(CLOCK_MONOTONIC) %.1f ns\n",
+         info.locked_rmw_ns, info.clock_read_ns);
+  printf("hit op = get (hit) + release; miss op = get (owner, evicting) + 8-byte fill (unless 'no fill')"
+         " + mark_ready + release\n");
+  fflush(stdout);
+}
+
+void print_ops(const std::vector<Case>& cs) {
+  printf("\nGet+Release, ns/op by wall clock (median of %zu runs; min-max of the runs; 2 procs: mean of the two);\n"
+         "cpu = the same by CPU time (well below ns/op: the run was preempted, the machine is busy);\n"
+         "cpu vs 1p = a two-process line over the one-process line with as many keys, by CPU time\n",
+         cs.empty() ? size_t{0} : cs[0].runs.size());
+  printf("%-46s %8s %15s %7s %9s %8s %9s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
+         "cpu vs 1p", "target");
+  for (const Case& c : cs) {
+    const double m = median(c.runs);
+    const double lo = *std::min_element(c.runs.begin(), c.runs.end());
+    const double hi = *std::max_element(c.runs.begin(), c.runs.end());
+    char anchor[32], range[32], vs1[16] = "", target[48] = "";
+    if (c.anchor_lo == c.anchor_hi) snprintf(anchor, sizeof(anchor), "%.0f", c.anchor_lo);
+    else snprintf(anchor, sizeof(anchor), "%.0f-%.0f", c.anchor_lo, c.anchor_hi);
+    snprintf(range, sizeof(range), "%.1f-%.1f", lo, hi);
+    const Case* base = baseline_of(cs, c);
+    if (base) snprintf(vs1, sizeof(vs1), "%.2fx", cpu_ratio_to_1proc(c, *base));
+    if (c.target > 0) snprintf(target, sizeof(target), "<= %.0f: %s", c.target, verdict(m <= c.target));
+    else if (base && c.layout == Layout::kAdjacent)
+      snprintf(target, sizeof(target), "no cliff (<= %.2fx 1 proc): %s", kTargetNoCliff,
+               verdict(cpu_ratio_to_1proc(c, *base) <= kTargetNoCliff));
+    printf("%-46s %8.1f %15s %7.1f %9s %7.2fx %9s  %s\n", c.name.c_str(), m, range, median(c.runs_cpu), anchor,
+           m / c.anchor_lo, vs1, target);
+  }
+}
+
+void print_wake(const WakeResult& futex, const WakeResult& poll) {
+  printf("\nWake latency (mark_ready -> waiter running), waiter CPU per wait\n");
+  printf("%-6s %6s %11s %11s %11s %14s %14s\n", "mode", "iters", "median us", "p90 us", "p99 us", "cpu med us",
+         "cpu mean us");
+  for (const WakeResult* w : {&futex, &poll})
+    printf("%-6s %6d %11.1f %11.1f %11.1f %14.2f %14.2f\n", w->mode, w->iters, median(w->latency_us),
+           percentile(w->latency_us, 0.9), percentile(w->latency_us, 0.99), median(w->cpu_us), mean(w->cpu_us));
+  const double ratio = median(poll.latency_us) / median(futex.latency_us);
+  printf("poll/futex median latency: %.0fx (target >= %.0fx: %s)\n", ratio, kTargetWakeRatio,
+         verdict(ratio >= kTargetWakeRatio));
+}
+
+bool write_json(const std::string& path, const RunInfo& info, const std::vector<Case>& cs, const WakeResult* futex,
+                const WakeResult* poll) {
+  FILE* f = fopen(path.c_str(), "w");
+  if (!f) {
+    perror(path.c_str());
+    return false;
+  }
+  fprintf(f, "{\n  \"benchmark\": \"ucm_cachebench\",\n");
+  fprintf(f,
+          "  \"machine\": {\"cpu_model\": \"%s\", \"nproc\": %ld, \"cpus_used\": [%d, %d], \"loadavg_1m\": %.2f, "
+          "\"sched\": \"%s\",\n              \"locked_rmw_ns\": %.2f, \"clock_read_ns\": %.2f},\n",
+          cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), info.cpus[0], info.cpus[1], info.loadavg, sched_name(),
+          info.locked_rmw_ns, info.clock_read_ns);
+  fprintf(f,
+          "  \"config\": {\"quick\": %s, \"reps\": %d, \"run_ms\": %" PRIu64 ", \"slots\": %u, \"slot_bytes\": %" PRIu64
+          ", \"max_ranks\": %u, \"hugetlb\": %s, \"ndebug\": %s},\n",
+          info.quick ? "true" : "false", info.reps, info.run_ms, info.slots, info.slot_bytes, info.max_ranks,
+          info.hugetlb ? "true" : "false",
+#ifdef NDEBUG
+          "true"
+#else
+          "false"
+#endif
+  );
+  fprintf(f, "  \"get_release\": [\n");
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const Case& c = cs[i];
+    const Case* base = baseline_of(cs, c);
+    const double m = median(c.runs);
+    fprintf(f,
+            "    {\"case\": \"%s\", \"op\": \"%s\", \"procs\": %d, \"keys_per_proc\": %u, \"evict\": \"%s\", "
+            "\"fill_bytes\": %d,\n     \"ns_per_op_median\": %.3f, \"ns_per_op_slowest_proc_median\": %.3f, "
+            "\"cpu_ns_per_op_median\": %.3f,\n     \"anchor_ns\": [%.0f, %.0f], \"ratio_to_anchor\": %.3f, "
+            "\"ratio_to_1proc\": %.3f, \"cpu_ratio_to_1proc\": %.3f, \"target_ns\": %.0f, \"runs\": ",
+            c.name.c_str(), c.kind == OpKind::kHit ? "hit" : "miss", c.procs, c.keys,
+            c.evict == EvictMode::kClock ? "clock" : "ring", c.kind == OpKind::kMiss && c.fill ? 8 : 0, m,
+            median(c.runs_max), median(c.runs_cpu), c.anchor_lo, c.anchor_hi, m / c.anchor_lo,
+            base ? m / median(base->runs) : 1.0, base ? cpu_ratio_to_1proc(c, *base) : 1.0, c.target);
+    json_array(f, c.runs);
+    fprintf(f, "}%s\n", i + 1 < cs.size() ? "," : "");
+  }
+  fprintf(f, "  ]");
+  if (futex && poll) {
+    fprintf(f, ",\n  \"wake\": {\n");
+    json_wake(f, *futex);
+    fprintf(f, ",\n");
+    json_wake(f, *poll);
+    fprintf(f, ",\n    \"poll_over_futex_median\": %.2f, \"target_ratio\": %.0f\n  }",
+            median(poll->latency_us) / median(futex->latency_us), kTargetWakeRatio);
+  }
+  fprintf(f, "\n}\n");
+  return fclose(f) == 0;
+}
+
+}  // namespace ucm::bench

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# ucmcache: the two set-up commands (see README.md, "Set up").
+#
+#   ./run.sh main   install packages, build `build/`, run the main job: ucm_demo
+#                   with 4 ranks on the embedded default store (extra arguments
+#                   go to ucm_demo)
+#   ./run.sh test   install packages, then three builds and their tests:
+#                   build-ci (--werror, every suite), build-tsan (ThreadSanitizer,
+#                   without MPI, hwloc or CUDA: suites unit and mp), build-asan
+#                   (AddressSanitizer + UBSan, suites unit and mp)
+#
+# Packages come from Debian with apt-get (skipped when dpkg-query finds them all).
+# Environment knobs, none needed:
+#   UCM_BUILD_PREFIX  build directory name prefix (default `build`: build, build-ci,
+#                     build-tsan, build-asan)
+#   UCM_JOBS          parallel compile jobs and test processes (default: nproc;
+#                     CI is a 2-core machine)
+set -euo pipefail
+
+cd "$(dirname "$(readlink -f "$0")")"
+
+PACKAGES=(openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
+          libgtest-dev libgmock-dev libbenchmark-dev g++)
+PREFIX=${UCM_BUILD_PREFIX:-build}
+JOBS=${UCM_JOBS:-$(nproc)}
+
+# MPI as root on a small machine: later suites (mpi) launch more ranks than cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+say() { printf '\n==> %s\n' "$*"; }
+die() { printf 'run.sh: error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+  cat >&2 <<'EOF'
+usage: ./run.sh main   build (build/) and run the main job
+       ./run.sh test   build build-ci, build-tsan, build-asan and run their tests
+EOF
+  exit 2
+}
+
+install_packages() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
+      missing+=("$p")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "run.sh: packages already installed"
+    return
+  fi
+  say "installing packages: ${missing[*]}"
+  local sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || die "not root and no sudo: install ${missing[*]} first"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${PACKAGES[@]}"
+}
+
+# configure DIR [meson options...]: set up, or re-apply the options to an existing dir.
+configure() {
+  local dir=$1; shift
+  if [[ -f "$dir/meson-private/coredata.dat" ]]; then
+    meson setup --reconfigure "$dir" "$@"
+  else
+    meson setup "$dir" "$@"
+  fi
+}
+
+build() { configure "$@" && ninja -C "$1" -j "$JOBS"; }
+
+main_job() {
+  say "configure and build $PREFIX"
+  build "$PREFIX"
+  local demo="$PREFIX/apps/ucm_demo"
+  [[ -x "$demo" ]] || die "$demo was not built (is Open MPI installed? meson setup prints what it found)"
+  # The main job: 4 ranks share one node cache on the embedded default store (a
+  # posix store in a fresh temporary directory, removed at the end).
+  export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+  say "main job: mpirun -np 4 $demo $*"
+  exec mpirun --oversubscribe --timeout 900 -np 4 "$demo" "$@"
+}
+
+# ---- test mode --------------------------------------------------------------
+
+failures=()
+total_ok=0 total_fail=0 total_skip=0
+
+# tally LOG STAGE: add meson test's closing counts to the totals.
+tally() {
+  local log=$1 stage=$2 ok fail skip
+  ok=$(awk '/^Ok:/ {print $2}' "$log" | tail -n 1)
+  fail=$(awk '/^(Fail|Timeout|Unexpected Pass):/ {n += $NF} END {print n + 0}' "$log")
+  skip=$(awk '/^Skipped:/ {print $2}' "$log" | tail -n 1)
+  if [[ -z "$ok" ]]; then  # meson test never reached its summary
+    total_fail=$((total_fail + 1))
+    return
+  fi
+  total_ok=$((total_ok + ok)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + ${skip:-0}))
+  echo "run.sh: $stage: $ok ok, $fail failed, ${skip:-0} skipped"
+}
+
+# stage NAME DIR "SETUP OPTIONS" "TEST ARGS" [RUNNER...]: build, test, record.
+stage() {
+  local name=$1 dir=$2 setup=$3 targs=$4; shift 4
+  local start=$SECONDS
+  say "[$name] configure and build $dir ($setup)"
+  # shellcheck disable=SC2086  # option lists are words
+  if ! build "$dir" $setup; then
+    failures+=("$name: configure/build failed")
+    total_fail=$((total_fail + 1))
+    return
+  fi
+  say "[$name] meson test -C $dir $targs"
+  local log="$dir/meson-logs/run-sh-test.log"
+  # shellcheck disable=SC2086
+  if ! "$@" meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$JOBS" $targs \
+       2>&1 | tee "$log"; then
+    failures+=("$name: meson test failed (log: $dir/meson-logs/testlog.txt)")
+  fi
+  tally "$log" "$name"
+  echo "run.sh: $name took $((SECONDS - start)) s"
+}
+
+# ThreadSanitizer maps its shadow at fixed addresses; with high-entropy ASLR some
+# kernels place mappings there and every binary dies with "unexpected memory
+# mapping". Probe once and, if so, run the tests with ASLR off (setarch -R).
+tsan_runner=()
+probe_tsan() {
+  local dir=$1 probe out
+  probe="$dir/tsan-probe"
+  printf 'int main() { return 0; }\n' | c++ -x c++ - -fsanitize=thread -o "$probe" || return 0
+  if ! out=$("$probe" 2>&1); then
+    if grep -q "unexpected memory mapping" <<<"$out"; then
+      echo "run.sh: ThreadSanitizer needs ASLR off on this kernel: tests run under setarch -R"
+      tsan_runner=(setarch "$(uname -m)" -R)
+      "${tsan_runner[@]}" "$probe" || die "TSan probe fails even under setarch -R"
+    else
+      printf 'run.sh: warning: TSan probe failed:\n%s\n' "$out" >&2
+    fi
+  fi
+}
+
+test_job() {
+  local start=$SECONDS
+  # Warnings are errors in build-ci only: sanitizer builds add compiler warnings of
+  # their own (-Wtsan) that say nothing about the code.
+  stage ci "$PREFIX-ci" "--werror" ""
+
+  # Sanitizer builds check the CPU code: CUDA/NCCL code cannot run without a GPU,
+  # and nvcc does not take -fsanitize. build-ci compiles it with --werror.
+  local san_common="-Dcuda=disabled -Dnccl=disabled"
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  mkdir -p "$PREFIX-tsan"
+  probe_tsan "$PREFIX-tsan"
+  # The TSan build is also the proof that the cache core builds and passes its
+  # tests with none of MPI, hwloc or CUDA.
+  stage tsan "$PREFIX-tsan" "-Db_sanitize=thread $san_common -Dmpi=disabled -Dhwloc=disabled" \
+    "--suite unit --suite mp --timeout-multiplier 2" "${tsan_runner[@]}"
+
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
+  # GCC links libasan/libubsan into libucmcache.so itself, so b_lundef
+  # (-Wl,--no-undefined) can stay on.
+  stage asan "$PREFIX-asan" "-Db_sanitize=address,undefined $san_common" \
+    "--suite unit --suite mp --timeout-multiplier 2"
+
+  say "summary ($((SECONDS - start)) s)"
+  if ((${#failures[@]})); then
+    printf '  FAILED %s\n' "${failures[@]}"
+  fi
+  # One plain closing line over all three builds (meson's own counts, per test).
+  echo "run.sh: $total_ok passed, $total_fail failed, $total_skip skipped"
+  ((${#failures[@]} == 0))
+}
+
+case "${1:-}" in
+  main) shift; install_packages; main_job "$@" ;;
+  test) (($# == 1)) || usage; install_packages; test_job ;;
+  *) usage ;;
+esac
