@@ -9,53 +9,18 @@
 #include "backend/sim_content.h"
 #include "common/key.h"
 #include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
 #include "ucmcache/ucm.h"
 
 namespace ucm::test {
 namespace {
 
-constexpr uint64_t kShard = 16 << 10;
-
-ucm_config_t load_config(uint64_t cache_slots, const char* backend) {
-  ucm_config_t c;
-  EXPECT_EQ(ucm_config_init(&c), UCM_OK);
-  c.shard_bytes = kShard;
-  c.cache_bytes = cache_slots * kShard;
-  c.reserved_slots = 16;
-  c.shards_per_block = 8;
-  c.timeout_ms = 30000;
-  c.hugepages = UCM_HUGEPAGES_OFF;
-  std::snprintf(c.backend, sizeof(c.backend), "%s", backend);
-  return c;
-}
-
-ucm_key_t ukey(uint64_t block, uint32_t shard) {
-  ucm_key_t k{};
-  const uint64_t hi = ~block;
-  std::memcpy(k.block.bytes, &block, 8);
-  std::memcpy(k.block.bytes + 8, &hi, 8);
-  k.shard = shard;
-  return k;
-}
-
-Key ikey(const ucm_key_t& k) {
-  Key out;
-  out.block = block_from_bytes(k.block.bytes);
-  out.shard = k.shard;
-  return out;
-}
-
-ucm_stats_t node_stats(ucm_cache_t c) {
-  ucm_stats_t s{};
-  s.struct_bytes = sizeof(s);
-  EXPECT_EQ(ucm_cache_stats(c, nullptr, &s), UCM_OK) << ucm_last_error(c);
-  return s;
-}
+constexpr uint64_t kShard = kTaskShard;
 
 using Load = MpiTest;
 
 TEST_F(Load, OneTaskOnEveryRankLoadsEachShardOncePerNode) {
-  ucm_config_t cfg = load_config(256, "sim:latency_us=2000,max_inflight=64");
+  ucm_config_t cfg = task_config(256, "sim:latency_us=2000,max_inflight=64");
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
   constexpr int kN = 12;
@@ -78,7 +43,7 @@ TEST_F(Load, OneTaskOnEveryRankLoadsEachShardOncePerNode) {
 }
 
 TEST_F(Load, RandomTasksOverAKeySpaceLargerThanTheCacheAreByteExact) {
-  ucm_config_t cfg = load_config(48, "sim:latency_us=200,max_inflight=32");
+  ucm_config_t cfg = task_config(48, "sim:latency_us=200,max_inflight=32");
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
   std::mt19937_64 rng(1234);  // the same sequence on every rank: node-collective tasks
