@@ -2,6 +2,7 @@
 #include <hwloc.h>
 
 #include <cstdio>
+#include <mutex>
 
 #include "common/log.h"
 #include "topo/placement.h"
@@ -15,12 +16,31 @@ std::string cpu_list(const std::vector<int>& cpus) {
   return s;
 }
 
-struct Topo {
-  hwloc_topology_t t = nullptr;
-  ~Topo() {
-    if (t) hwloc_topology_destroy(t);
-  }
-};
+// One topology per process, loaded on first use and kept: loading it costs
+// milliseconds, queries on a loaded topology are thread-safe, and destroying
+// the last one unloads hwloc's plugins (the PCI one among them), which leaves
+// their allocations unreachable (LeakSanitizer reports them).
+hwloc_topology_t process_topology(Result* r) {
+  static hwloc_topology_t topo = nullptr;
+  static Result status = Result::kOk;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    hwloc_topology_t t = nullptr;
+    if (hwloc_topology_init(&t) != 0) {
+      status = fail(Result::kSystem, "hwloc_topology_init failed");
+      return;
+    }
+    hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_load(t) != 0) {
+      hwloc_topology_destroy(t);
+      status = fail(Result::kSystem, "hwloc_topology_load failed");
+      return;
+    }
+    topo = t;
+  });
+  *r = status;
+  return topo;
+}
 
 }  // namespace
 
@@ -31,17 +51,16 @@ Result plan_placement(int local_rank, int local_size, const std::string& gpu_bus
     *out = p;
     return Result::kOk;
   }
-  Topo topo;
-  if (hwloc_topology_init(&topo.t) != 0) return fail(Result::kSystem, "hwloc_topology_init failed");
-  hwloc_topology_set_io_types_filter(topo.t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  if (hwloc_topology_load(topo.t) != 0) return fail(Result::kSystem, "hwloc_topology_load failed");
+  Result loaded = Result::kOk;
+  hwloc_topology_t topo = process_topology(&loaded);
+  if (!topo) return fail(loaded, "loading the hwloc topology failed");
 
-  hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topo.t);
+  hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(topo);
   hwloc_bitmap_t scope = hwloc_bitmap_dup(allowed);
   std::string where = "all allowed cores";
   if (!gpu_bus_id.empty()) {
-    hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topo.t, gpu_bus_id.c_str());
-    hwloc_obj_t anc = pci ? hwloc_get_non_io_ancestor_obj(topo.t, pci) : nullptr;
+    hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topo, gpu_bus_id.c_str());
+    hwloc_obj_t anc = pci ? hwloc_get_non_io_ancestor_obj(topo, pci) : nullptr;
     if (anc && anc->cpuset && hwloc_bitmap_intersects(anc->cpuset, allowed)) {
       hwloc_bitmap_and(scope, scope, anc->cpuset);
       char type[32];
@@ -53,9 +72,9 @@ Result plan_placement(int local_rank, int local_size, const std::string& gpu_bus
   }
   // The candidate cores, in logical order, each as its PUs' OS indexes.
   std::vector<std::vector<int>> cores;
-  const int ncores = hwloc_get_nbobjs_by_type(topo.t, HWLOC_OBJ_CORE);
+  const int ncores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
   for (int i = 0; i < ncores; ++i) {
-    hwloc_obj_t core = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_CORE, static_cast<unsigned>(i));
+    hwloc_obj_t core = hwloc_get_obj_by_type(topo, HWLOC_OBJ_CORE, static_cast<unsigned>(i));
     if (!core->cpuset || !hwloc_bitmap_intersects(core->cpuset, scope)) continue;
     std::vector<int> pus;
     int pu;
