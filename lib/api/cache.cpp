@@ -30,7 +30,6 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
   config_ = config;
   UCM_CHECK(node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_));
   log_set_rank(node_.local_rank);
-  const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
 
   // 2. The config, alone and then against the node's.
   UCM_CHECK(collective_status(node_.comm, check_config(config_)));
@@ -102,7 +101,6 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
            node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, device_id_,
            engine_ ? engine_->name() : "scheduler", data_.hugetlb() ? "hugetlb" : "no hugetlb",
            placement_.summary.c_str());
-  (void)deadline;
   return Result::kOk;
 }
 
