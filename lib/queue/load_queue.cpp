@@ -173,9 +173,10 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
         deferred[kept++] = i;
         continue;
       }
-      if (!dispatch_entry(t, i)) {
-        deferred.erase(deferred.begin(), deferred.begin() + static_cast<long>(n));
-        return fail_rest(t, deferred, 1);
+      if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
+        std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
+        rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
+        return fail_rest(t, rest, 0);
       }
     }
     deferred.resize(kept);
