@@ -17,6 +17,7 @@ namespace {
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
 constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
 constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's deferred entries
+constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
@@ -156,8 +157,10 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     own = 0;
     while (own < order.size() && order[own] % opts_.local_size == opts_.local_rank) ++own;
   }
-  for (size_t n = 0; n < own; ++n)
+  for (size_t n = 0; n < own; ++n) {
     if (!dispatch_entry(t, order[n])) return fail_rest(t, order, n + 1);
+    if (!opts_.rotate) wait_legacy_step(*t, entries.size() - (n + 1));
+  }
   // The peers' strides: a rank that arrives first would otherwise own every
   // shard its peers have not asked for yet, and the node's loads would run
   // from one rank. So a peer's entry waits (at most owner_grace) until some
@@ -183,6 +186,15 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     if (!deferred.empty()) nap_ns(kDeferNapNs);
   }
   if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
+}
+
+void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
+  // The legacy (order=natural) dispatcher finished each shard before asking
+  // for the next: its Get waited under the node lock, so every rank stepped
+  // through the task in lockstep with one backend load per step (seed 2.1).
+  // Reproduced here so the study's control group behaves like the old code;
+  // it polls, as the old code did.
+  while (t.remaining() > left && !stopping()) nap_ns(kLegacyStepNapNs);
 }
 
 void LoadQueue::fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from) {

@@ -2,6 +2,8 @@
 //
 //   submit() -> pending (bounded) -> DISPATCHER -> copier queue -> COPIER
 //
+// With order=natural (the legacy control group) it instead finishes each
+// entry before the next, as the old code did.
 // The dispatcher visits a task's entries in RearrangeIndex order: its own
 // stride at once, a peer's stride once some rank serves it or after
 // owner_grace (so that a rank that arrives first does not own the whole
@@ -93,6 +95,7 @@ class LoadQueue {
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
   void fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from);
+  void wait_legacy_step(const Task& t, size_t left);
   Result get_with_backpressure(const Key& k, const Task& t, GetResult* g);
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);

@@ -42,6 +42,7 @@ class Task {
   void entry_failed(uint32_t index, Result r, const std::string& why);
 
   bool done() const { return done_word_.load(std::memory_order_acquire) != 0; }
+  uint32_t remaining() const { return remaining_.load(std::memory_order_acquire); }
   // Blocks until done or the absolute deadline; true when done.
   bool wait_until(uint64_t deadline_ns) const;
   Result result() const;
