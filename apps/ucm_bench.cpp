@@ -40,6 +40,9 @@
 //            timing of Get on the next shard (CacheBuffer::get from rank 0).
 //
 // Output: a table per scenario on rank 0's stdout and one JSON file (--json).
+// Node-level numbers are rank 0's node; on several nodes (node_count > 1) the
+// cold scenario adds every node's backend loads, by node id and name (a table
+// "cold load per node", and per_node in each cold mode's JSON).
 // The app uses the public API for everything it measures; it reaches inside
 // only to verify bytes (sim_content.h), to read the sim store's in-flight
 // count, and for the direct Get timing.
@@ -50,6 +53,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -87,7 +91,52 @@ struct ColdResult {
   uint64_t peak = 0;       // max over reps of the node's sampled in-flight sum
   double mean_conc = 0;    // median over reps
   uint32_t grace_us = 0;
+  // Several nodes (node_count > 1) only: per node id, the backend loads of
+  // that node's cache (summed over reps, from the node's local rank 0), its
+  // ranks and its name. node_loads above is rank 0's node alone.
+  std::vector<uint64_t> loads_per_node;
+  std::vector<int> ranks_per_node;
+  std::vector<std::string> node_names;
 };
+
+// This rank's node id and node count, and (rank 0) every node's name and rank
+// count, by node id: the host name, with the Slurm node name when there is one
+// (pretend nodes share one host name).
+struct NodeMap {
+  int node_id = 0, node_count = 1, local_rank = 0;
+  std::vector<int> node_of_rank;   // rank 0 only
+  std::vector<int> local_of_rank;  // rank 0 only
+  std::vector<int> ranks;          // rank 0 only, per node id
+  std::vector<std::string> names;  // rank 0 only, per node id
+};
+
+NodeMap node_map(const Job& job, ucm_cache_t cache) {
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  const ucm_result_t r = ucm_cache_info(cache, &info);
+  if (r != UCM_OK) die(job, "ucm_cache_info", r, ucm_last_error(cache));
+  NodeMap m;
+  m.node_id = info.node_id;
+  m.node_count = info.node_count;
+  m.local_rank = info.local_rank;
+  const auto ids = allgather(static_cast<uint64_t>(info.node_id));
+  const auto locals = allgather(static_cast<uint64_t>(info.local_rank));
+  char name[128] = {};
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  std::snprintf(name, sizeof(name), "%s%s%s", info.host, slurm ? "/" : "", slurm ? slurm : "");
+  std::vector<char> names(job.rank == 0 ? sizeof(name) * static_cast<size_t>(job.size) : 1);
+  MPI_Gather(name, sizeof(name), MPI_CHAR, names.data(), sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (job.rank != 0) return m;
+  m.ranks.assign(static_cast<size_t>(m.node_count), 0);
+  m.names.assign(static_cast<size_t>(m.node_count), "");
+  for (int q = 0; q < job.size; ++q) {
+    m.node_of_rank.push_back(static_cast<int>(ids[q]));
+    m.local_of_rank.push_back(static_cast<int>(locals[q]));
+    m.ranks[ids[q]]++;
+    if (locals[q] == 0) m.names[ids[q]] = &names[sizeof(name) * static_cast<size_t>(q)];
+  }
+  return m;
+}
 
 double balance(const std::vector<uint64_t>& v) {
   if (v.empty()) return 0;
@@ -119,9 +168,16 @@ ColdResult run_cold_mode(Job* job, const ColdMode& m, int mode_index, Json* out)
   SimBackend* sim = sim_of(*job, cache);
   InflightSampler sampler(sim, 100);
   ShardBuffer buf(T, shard);
+  const NodeMap nodes = node_map(*job, cache);
+  const bool multi = nodes.node_count > 1;
 
   ColdResult res;
   res.grace_us = cfg.owner_grace_us;
+  if (multi && job->rank == 0) {
+    res.loads_per_node.assign(static_cast<size_t>(nodes.node_count), 0);
+    res.ranks_per_node = nodes.ranks;
+    res.node_names = nodes.names;
+  }
   res.owner_loads.assign(static_cast<size_t>(job->size), 0);
   std::vector<double> task_ms, makespan_ms, mean_conc;
   Json reps = Json::array();
@@ -151,6 +207,7 @@ ColdResult run_cold_mode(Job* job, const ColdMode& m, int mode_index, Json* out)
     const ucm_stats_t ns = stats_delta(node_stats(*job, cache), ns0);
     const auto bars = allgather(t_bar), starts = allgather(t0), ends = allgather(t1);
     const auto owners = allgather(rs.owner_loads);
+    const auto node_loads = multi ? allgather(ns.owner_loads) : std::vector<uint64_t>{};
     std::vector<int> counts;
     const auto events = gather_vec(sampler.events(), &counts);
     if (job->rank != 0) continue;
@@ -167,6 +224,13 @@ ColdResult run_cold_mode(Job* job, const ColdMode& m, int mode_index, Json* out)
     res.unique += T;
     res.peak = std::max(res.peak, peak);
     for (int r = 0; r < job->size; ++r) res.owner_loads[r] += owners[r];
+    std::vector<uint64_t> rep_per_node;
+    if (multi) {
+      rep_per_node.assign(static_cast<size_t>(nodes.node_count), 0);
+      for (int r = 0; r < job->size; ++r)
+        if (nodes.local_of_rank[r] == 0) rep_per_node[nodes.node_of_rank[r]] = node_loads[r];
+      for (size_t n = 0; n < rep_per_node.size(); ++n) res.loads_per_node[n] += rep_per_node[n];
+    }
     Json jr = Json::object();
     std::vector<double> per_rank_ms;
     for (int r = 0; r < job->size; ++r) per_rank_ms.push_back(double(ends[r] - starts[r]) / 1e6);
@@ -174,6 +238,7 @@ ColdResult run_cold_mode(Job* job, const ColdMode& m, int mode_index, Json* out)
     jr.set("owner_loads_per_rank", Json::array_of(owners)).set("node_loads", ns.owner_loads).set("unique", T);
     jr.set("peak_concurrency", peak).set("mean_concurrency", conc).set("node_waits", ns.waits);
     jr.set("node_hits", ns.hits);
+    if (multi) jr.set("node_loads_per_node", Json::array_of(rep_per_node));
     reps.push(std::move(jr));
   }
   const auto sim_peaks = allgather(sim_peak_inflight(sim));
@@ -191,7 +256,20 @@ ColdResult run_cold_mode(Job* job, const ColdMode& m, int mode_index, Json* out)
   j.set("node_loads", res.node_loads).set("unique_shards", res.unique);
   j.set("loads_per_unique", double(res.node_loads) / double(res.unique));
   j.set("peak_concurrency", res.peak).set("mean_concurrency", res.mean_conc);
-  j.set("rank_peak_inflight", Json::array_of(sim_peaks)).set("reps", std::move(reps));
+  j.set("rank_peak_inflight", Json::array_of(sim_peaks));
+  if (multi) {
+    // Every node's cache loads each of the task's shards once: its own entry.
+    Json pn = Json::array();
+    for (size_t n = 0; n < res.loads_per_node.size(); ++n) {
+      Json e = Json::object();
+      e.set("node", static_cast<int>(n)).set("name", res.node_names[n]).set("ranks", res.ranks_per_node[n]);
+      e.set("node_loads", res.loads_per_node[n]).set("unique_shards", res.unique);
+      e.set("loads_per_unique", double(res.loads_per_node[n]) / double(res.unique));
+      pn.push(std::move(e));
+    }
+    j.set("per_node", std::move(pn));
+  }
+  j.set("reps", std::move(reps));
   out->push(std::move(j));
   return res;
 }
@@ -249,13 +327,30 @@ void run_cold(Job* job) {
               speedup, legacy, target);
   bool unique_ok = true;
   for (const ColdResult& r : res) unique_ok = unique_ok && r.node_loads == r.unique;
-  std::printf("  exactly one backend load per unique shard in every mode: %s\n", unique_ok ? "yes" : "NO");
+  const size_t node_count = res[0].loads_per_node.size();  // 0: one node
+  if (node_count > 1) {
+    // The table above is rank 0's node (node 0); here every node's cache.
+    Table tn({"mode", "node", "name", "ranks", "node loads", "unique", "loads/unique"});
+    for (size_t i = 0; i < modes.size(); ++i)
+      for (size_t n = 0; n < node_count; ++n) {
+        const ColdResult& r = res[i];
+        unique_ok = unique_ok && r.loads_per_node[n] == r.unique;
+        tn.row({modes[i].name, std::to_string(n), r.node_names[n], std::to_string(r.ranks_per_node[n]),
+                std::to_string(r.loads_per_node[n]), std::to_string(r.unique),
+                fmt("%.2f", double(r.loads_per_node[n]) / double(r.unique))});
+      }
+    tn.print(*job, fmt("cold load per node, %zu nodes (one cache each; the table above is node 0's)", node_count)
+                       .c_str());
+  }
+  std::printf("  exactly one backend load per unique shard in every mode%s: %s\n",
+              node_count > 1 ? " on every node" : "", unique_ok ? "yes" : "NO");
   Json j = Json::object();
   j.set("ranks", job->size).set("shards_per_task", T).set("shard_bytes", o.shard_kib << 10);
   j.set("latency_us", o.latency_us).set("io_depth", o.io_depth).set("skew_io_depth", o.skew_io_depth);
   j.set("reps", o.reps).set("modes", std::move(jmodes));
   j.set("speedup_rotate_over_natural", speedup).set("speedup_rotate_over_shard_by_shard", legacy);
   j.set("target_speedup", target).set("one_load_per_unique_shard", unique_ok);
+  if (node_count > 1) j.set("node_count", static_cast<int>(node_count));
   job->root.set("cold", std::move(j));
 }
 

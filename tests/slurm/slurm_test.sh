@@ -12,11 +12,15 @@
 # tasks, so that TP=4 runs as `srun --mpi=pmix -n 4 -O`. For each TP it checks
 # that ucm_info printed TP rank lines, each with local_size=TP and node=0/1,
 # all with one control_inode (one shared region), and that ucm_demo verified
-# every byte.
+# every byte, and that the study (ucm_bench, cold scenario, small) wrote
+# bench-tp<N>.json with every byte verified and one backend load per unique
+# shard.
 #
 # Then a second cluster of two pretend nodes (slurmd -N n1, -N n2 on this
 # machine) runs slurm/multinode.sbatch with 2 ranks per node: two caches,
-# node=0/2 and node=1/2, two distinct control_inode values.
+# node=0/2 and node=1/2, two distinct control_inode values; the study's
+# bench.json has, for every cold mode, an entry for node 0 and node 1 (distinct
+# Slurm node names), each with one backend load per unique shard.
 # UCM_SLURM_TEST_MULTINODE=0 leaves that part out.
 #
 # Everything it started (daemons, and any step or task left by a failed job) is
@@ -35,7 +39,7 @@ skip() { say "SKIP: $*"; exit 77; }
 fail() { say "FAIL: $*"; exit 1; }
 elapsed() { printf '%ds' $((SECONDS - t0)); }
 
-for exe in "$build/apps/ucm_info" "$build/apps/ucm_demo"; do
+for exe in "$build/apps/ucm_info" "$build/apps/ucm_demo" "$build/apps/ucm_bench"; do
   [[ -x "$exe" ]] || fail "$exe is not built (ninja -C $build)"
 done
 
@@ -314,6 +318,46 @@ submit() {
 # Open MPI's shared-memory transport only; no warnings about missing fabrics.
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export UCM_ROOT=$src UCM_BUILD_DIR=$build
+# The study in both scripts: the cold scenario, small (about a second a run).
+export UCM_BENCH_SCENARIOS=cold
+export UCM_BENCH_ARGS="--reps 1 --skew-us 0 --shards-per-rank 4 --latency-us 1000"
+
+# check_bench JSON NODES: the study verified every byte, and (NODES > 1) every
+# cold mode has one entry per node id 0..NODES-1, with distinct names, each
+# with one backend load per unique shard (NODES = 1: the node's own count).
+check_bench() {
+  python3 - "$1" "$2" <<'EOF2'
+import json, sys
+path, nodes = sys.argv[1], int(sys.argv[2])
+try:
+    d = json.load(open(path))
+except Exception as e:
+    sys.exit(f"{path}: not readable JSON: {e}")
+if d.get("verification") != "every byte right":
+    sys.exit(f"{path}: verification {d.get('verification')!r}")
+cold = d.get("cold")
+if not cold or not cold.get("modes"):
+    sys.exit(f"{path}: no cold scenario results")
+if not cold.get("one_load_per_unique_shard"):
+    sys.exit(f"{path}: one_load_per_unique_shard is not true")
+for m in cold["modes"]:
+    if nodes == 1:
+        if "per_node" in m or m["node_loads"] != m["unique_shards"]:
+            sys.exit(f"{path}: mode {m['name']!r}: per_node on one node, or loads != unique")
+        continue
+    pn = m.get("per_node", [])
+    if sorted(e["node"] for e in pn) != list(range(nodes)):
+        sys.exit(f"{path}: mode {m['name']!r}: per_node has nodes {[e['node'] for e in pn]}, not 0..{nodes - 1}")
+    if len({e["name"] for e in pn}) != nodes:
+        sys.exit(f"{path}: mode {m['name']!r}: node names not distinct: {[e['name'] for e in pn]}")
+    for e in pn:
+        if e["node_loads"] != e["unique_shards"] or e["unique_shards"] == 0:
+            sys.exit(f"{path}: mode {m['name']!r}: node {e['node']} ({e['name']}): "
+                     f"{e['node_loads']} loads for {e['unique_shards']} unique shards")
+print(f"{len(cold['modes'])} cold modes" + (f", nodes {', '.join(e['name'] for e in cold['modes'][0]['per_node'])}"
+      if nodes > 1 else ""))
+EOF2
+}
 
 one=$tmp/one
 read -r p_ctld p_slurmd < <(free_ports 2)
@@ -343,12 +387,14 @@ check_single() {
   ((inodes == 1)) || fail "TP=$tp: $inodes control regions (control_inode values), not one shared region"
   grep -q 'verification: every byte right' "$dir/tp$tp-demo.txt" ||
     fail "TP=$tp: ucm_demo did not verify every byte"
+  [[ -s "$dir/bench-tp$tp.txt" ]] || fail "TP=$tp: no study table ($dir/bench-tp$tp.txt)"
+  check_bench "$dir/bench-tp$tp.json" 1 >/dev/null || fail "TP=$tp: study output wrong (above)"
 }
 sweep=$(echo "$one"/results/tp_sweep-*)
 check_single "$sweep" 2
 check_single "$sweep" 4
 say "single node: ok: TP=2 and TP=4 (overcommitted): every rank local_size=TP, node 0/1," \
-  "one control region; demo verified ($(elapsed))"
+  "one control region; demo verified; study ran (bench-tp2/4.json) ($(elapsed))"
 
 # ---- two pretend nodes: the multi-node script -----------------------------------
 
@@ -385,6 +431,10 @@ inodes=$(grep -o ' control_inode=[0-9]*' "$info" | sort -u | wc -l)
 ((inodes == 2)) || fail "$inodes distinct control regions over two nodes, not two"
 grep -q 'verification: every byte right' "$two"/results/multinode-*/demo.txt ||
   fail "ucm_demo did not verify every byte"
-say "two pretend nodes: ok: node=0/2 and node=1/2, 2 ranks each, two control regions, demo verified ($(elapsed))"
+bench=$(echo "$two"/results/multinode-*/bench.json)
+[[ -s "${bench%.json}.txt" ]] || fail "no study table (${bench%.json}.txt)"
+verdict=$(check_bench "$bench" 2) || fail "multi-node study output wrong (above)"
+say "two pretend nodes: ok: node=0/2 and node=1/2, 2 ranks each, two control regions, demo verified;" \
+  "study: $verdict, one load per unique shard on each ($(elapsed))"
 
 say "PASS ($(elapsed))"
