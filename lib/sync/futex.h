@@ -1,6 +1,6 @@
 // Cross-process futex wait/wake on 32-bit words in shared memory.
 //
-// Never FUTEX_PRIVATE_FLAG: the words live in memfd mappings shared by several
+// Never the private futex flag: the words live in memfd mappings shared by several
 // processes, and a private futex is keyed by (mm, address), so it would not wake
 // another process. Never std::atomic::wait either: it is process-local.
 //
