@@ -263,9 +263,19 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
       return Result::kOk;
     }
     const uint64_t now = now_ns();
-    if (now >= deadline_ns)
+    if (now >= deadline_ns) {
+      // Callers that wait in short pieces never reach a full slice: look at
+      // the owner once more before giving up, so a dead one is recovered (its
+      // load turns Failed) whatever the length of the wait.
+      note_waited_on(w);
+      const uint32_t last = word.load(std::memory_order_acquire);
+      if (word_changed(last, observed)) {
+        *now_word = last;
+        return Result::kOk;
+      }
       return fail(Result::kTimeout, "slot %u still %s (owner %u) at the deadline", slot, state_name(word_state(w)),
                   word_owner(w));
+    }
     if (now >= next_check) {
       next_check = now + slice_ns_;
       note_waited_on(w);

@@ -438,11 +438,8 @@ void LoadQueue::process(Item& it) {
                       " at the task's deadline");
         return;
       }
-      // Each wait above ends after kStopCheckNs, before the cache's liveness
-      // slice, so the cache's own dead-owner check never runs inside it: a
-      // dead owner's load would be waited on until the task's deadline.
-      const uint32_t owner = word_owner(w);
-      if (owner != kNoOwner && owner != cache_->rank() && !cache_->ctrl().rank_alive(owner)) (void)cache_->reap();
+      // A piece of the wait ended (wait_for_change looked at the owner's
+      // liveness before it returned); wait again.
     } else {
       fail_item(it, r, key_text(e.key) + ": " + last_error());
       return;
