@@ -12,7 +12,10 @@ namespace {
 
 std::string cpu_list(const std::vector<int>& cpus) {
   std::string s;
-  for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+  for (int c : cpus) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(c);
+  }
   return s;
 }
 
@@ -65,9 +68,13 @@ Result plan_placement(int local_rank, int local_size, const std::string& gpu_bus
       hwloc_bitmap_and(scope, scope, anc->cpuset);
       char type[32];
       hwloc_obj_type_snprintf(type, sizeof(type), anc, 0);
-      where = "cores of " + std::string(type) + " " + std::to_string(anc->logical_index) + " near GPU " + gpu_bus_id;
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "cores of %s %u near GPU %s", type, anc->logical_index, gpu_bus_id.c_str());
+      where = buf;
     } else {
-      where = "all allowed cores (GPU " + gpu_bus_id + " not found by hwloc)";
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "all allowed cores (GPU %s not found by hwloc)", gpu_bus_id.c_str());
+      where = buf;
     }
   }
   // The candidate cores, in logical order, each as its PUs' OS indexes.
