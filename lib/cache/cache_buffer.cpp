@@ -72,7 +72,7 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
   const BufferCtrl& c = *ctrl_;
   const PinResult p = pin_slot(c, opts_.rank, i);
   if (p == PinResult::kOverflow)
-    return fail(Result::kBusy, "rank %u already holds 65535 pins on slot %u", opts_.rank, i);
+    return fail(Result::kBusy, "rank %u already holds %u pins on slot %u", opts_.rank, kMaxPinsPerRank, i);
   if (p == PinResult::kClaimed) {
     *a = Attach::kRetry;
     return Result::kOk;

@@ -35,9 +35,9 @@ RegionLayout compute_layout(const CtrlParams& p) {
   off = l.buckets_off + sizeof(Bucket) * uint64_t{p.bucket_count};
   l.slots_off = align_up(off, 64);
   off = l.slots_off + sizeof(SlotMeta) * total;
-  // One row of 16-bit pin counts per rank, each row on its own cache lines so
+  // One row of 32-bit pin counts per rank, each row on its own cache lines so
   // that two ranks pinning the same slot never write the same line.
-  l.pin_row_bytes = align_up(2 * total, 64);
+  l.pin_row_bytes = align_up(4 * total, 64);
   l.pins_off = align_up(off, 64);
   off = l.pins_off + l.pin_row_bytes * p.max_ranks;
   l.accessed_off = align_up(off, 64);

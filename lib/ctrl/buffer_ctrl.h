@@ -60,8 +60,8 @@ class BufferCtrl {
   RankRecord& rank(uint32_t r) const { return reinterpret_cast<RankRecord*>(base_ + kRanksOff)[r]; }
   Bucket& bucket(uint32_t b) const { return buckets_[b]; }
   SlotMeta& slot(uint32_t i) const { return slots_[i]; }
-  std::atomic<uint16_t>& pin(uint32_t r, uint32_t i) const {
-    return reinterpret_cast<std::atomic<uint16_t>*>(pins_ + r * pin_row_bytes_)[i];
+  std::atomic<uint32_t>& pin(uint32_t r, uint32_t i) const {
+    return reinterpret_cast<std::atomic<uint32_t>*>(pins_ + r * pin_row_bytes_)[i];
   }
   std::atomic<uint8_t>& accessed(uint32_t i) const { return accessed_[i]; }
 

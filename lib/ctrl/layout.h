@@ -6,7 +6,7 @@
 // bump kCtrlAbi.
 //
 //   [CtrlHeader][CtrlGlobals][RankRecord x kMaxRanks][Bucket x bucket_count]
-//   [SlotMeta x total_slots][pin rows: uint16 x total_slots, one row per rank]
+//   [SlotMeta x total_slots][pin rows: uint32 x total_slots, one row per rank]
 //   [accessed: uint8 x total_slots]
 //
 // Slots [0, regular_slots) are the regular pool (CLOCK/ring eviction); slots
@@ -32,7 +32,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 2;
+constexpr uint32_t kCtrlAbi = 3;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key

@@ -1,6 +1,6 @@
 // Pins and claims: how a reader keeps a slot and how an evictor takes one.
 //
-// A pin is a 16-bit count in the pinning rank's own row (pins[rank][slot]), so
+// A pin is a 32-bit count in the pinning rank's own row (pins[rank][slot]), so
 // pins are attributable (recovery zeroes a dead rank's row) and two ranks
 // hitting the same slot never write the same cache line. A claim is a CAS of
 // SlotMeta.claim from 0 to the claimer's holder id; only the claimer may change
@@ -24,10 +24,12 @@ namespace ucm {
 
 enum class PinResult { kPinned, kClaimed, kOverflow };
 
+constexpr uint32_t kMaxPinsPerRank = 0xffffffu;  // far above any real count; guards wrap-around
+
 inline PinResult pin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
-  std::atomic<uint16_t>& p = c.pin(rank, i);
-  uint16_t before = p.fetch_add(1, std::memory_order_seq_cst);
-  if (before == 0xffff) {
+  std::atomic<uint32_t>& p = c.pin(rank, i);
+  uint32_t before = p.fetch_add(1, std::memory_order_seq_cst);
+  if (before == kMaxPinsPerRank) {
     p.fetch_sub(1, std::memory_order_relaxed);
     return PinResult::kOverflow;
   }
@@ -45,8 +47,8 @@ inline void pin_claimed_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
 }
 
 // Drops one pin; returns the count this rank still holds on the slot.
-inline uint16_t unpin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
-  return static_cast<uint16_t>(c.pin(rank, i).fetch_sub(1, std::memory_order_release) - 1);
+inline uint32_t unpin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
+  return c.pin(rank, i).fetch_sub(1, std::memory_order_release) - 1;
 }
 
 inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
