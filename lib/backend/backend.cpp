@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
 
@@ -12,6 +13,23 @@ void complete_with(IoRequest* req, Result r, const char* fmt, ...) {
   vsnprintf(req->error, sizeof(req->error), fmt, ap);
   va_end(ap);
   req->done(req);
+}
+
+bool reject_malformed(IoRequest* req, const BackendContext& ctx, bool is_load, const char* store,
+                      AtomicBackendCounters* counters) {
+  if (req->bytes != ctx.shard_bytes) {
+    counters->rejected(is_load);
+    complete_with(req, Result::kInvalidArg, "%s store: request of %" PRIu64 " bytes, shards are %" PRIu64, store,
+                  req->bytes, ctx.shard_bytes);
+    return true;
+  }
+  if (req->key.shard >= ctx.shards_per_block) {
+    counters->rejected(is_load);
+    complete_with(req, Result::kInvalidArg, "%s store: shard %u >= shards_per_block %u", store, req->key.shard,
+                  ctx.shards_per_block);
+    return true;
+  }
+  return false;
 }
 
 void AtomicBackendCounters::load_started() {

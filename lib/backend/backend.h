@@ -82,4 +82,9 @@ struct AtomicBackendCounters {
   BackendCounters snapshot() const;
 };
 
+// Refuses a request whose size or shard does not fit the store: completes it
+// with kInvalidArg (naming `store` and the value), counts it, returns true.
+bool reject_malformed(IoRequest* req, const BackendContext& ctx, bool is_load, const char* store,
+                      AtomicBackendCounters* counters);
+
 }  // namespace ucm

@@ -152,18 +152,7 @@ void PosixBackend::load(IoRequest* req) { submit(req, true); }
 void PosixBackend::dump(IoRequest* req) { submit(req, false); }
 
 void PosixBackend::submit(IoRequest* req, bool is_load) {
-  if (req->bytes != ctx_.shard_bytes) {
-    counters_.rejected(is_load);
-    complete_with(req, Result::kInvalidArg, "posix store: request of %" PRIu64 " bytes, shards are %" PRIu64,
-                  req->bytes, ctx_.shard_bytes);
-    return;
-  }
-  if (req->key.shard >= ctx_.shards_per_block) {
-    counters_.rejected(is_load);
-    complete_with(req, Result::kInvalidArg, "posix store: shard %u >= shards_per_block %u", req->key.shard,
-                  ctx_.shards_per_block);
-    return;
-  }
+  if (reject_malformed(req, ctx_, is_load, "posix", &counters_)) return;
   {
     std::lock_guard<std::mutex> g(mu_);
     queue_.emplace_back(req, is_load);

@@ -149,18 +149,7 @@ void SimBackend::load(IoRequest* req) { submit(req, true); }
 void SimBackend::dump(IoRequest* req) { submit(req, false); }
 
 void SimBackend::submit(IoRequest* req, bool is_load) {
-  if (req->bytes != ctx_.shard_bytes) {
-    counters_.rejected(is_load);
-    complete_with(req, Result::kInvalidArg, "sim store: request of %" PRIu64 " bytes, shards are %" PRIu64, req->bytes,
-                  ctx_.shard_bytes);
-    return;
-  }
-  if (req->key.shard >= ctx_.shards_per_block) {
-    counters_.rejected(is_load);
-    complete_with(req, Result::kInvalidArg, "sim store: shard %u >= shards_per_block %u", req->key.shard,
-                  ctx_.shards_per_block);
-    return;
-  }
+  if (reject_malformed(req, ctx_, is_load, "sim", &counters_)) return;
   std::lock_guard<std::mutex> g(mu_);
   if (admitted_ < opts_.max_inflight) admit_locked(req, is_load, now_ns());
   else waiting_.emplace_back(req, is_load);
