@@ -7,22 +7,12 @@
 #include "api/handles.h"
 #include "common/log.h"
 
-namespace {
-
-ucm_result_t finish(ucm::Cache* c, ucm::Result r) {
-  if (r != ucm::Result::kOk) {
-    if (c) c->set_error(ucm::last_error());
-    else ucm::set_orphan_error(ucm::last_error());
-  }
-  return static_cast<ucm_result_t>(r);
-}
-
-}  // namespace
+using ucm::finish_call;
 
 extern "C" {
 
 UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, ucm_cache_t* cache) {
-  if (!cache) return finish(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the output handle) is NULL"));
+  if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the output handle) is NULL"));
   *cache = nullptr;
   try {
     ucm_config_t cfg;
@@ -37,32 +27,32 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
     ucm::Result r = impl->init(comm, cfg);
     if (r != ucm::Result::kOk) {
       if (!config) r = ucm::fail(ucm::Result::kInvalidArg, "config is NULL (use ucm_config_init)");
-      return finish(nullptr, r);
+      return finish_call(nullptr, r);
     }
     *cache = ucm::register_handle(std::move(impl));
     return UCM_OK;
   } catch (const std::bad_alloc&) {
-    return finish(nullptr, ucm::fail(ucm::Result::kNoMemory, "out of memory in ucm_cache_init"));
+    return finish_call(nullptr, ucm::fail(ucm::Result::kNoMemory, "out of memory in ucm_cache_init"));
   }
 }
 
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
-  if (!cache) return finish(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the handle's address) is NULL"));
+  if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the handle's address) is NULL"));
   std::unique_ptr<ucm::Cache> impl;
   ucm::Result r = ucm::retire_handle(*cache, &impl);
-  if (r != ucm::Result::kOk) return finish(nullptr, r);
+  if (r != ucm::Result::kOk) return finish_call(nullptr, r);
   *cache = nullptr;
   r = impl->finalize();
-  return finish(nullptr, r);
+  return finish_call(nullptr, r);
 }
 
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return finish(nullptr, r);
-  if (!info) return finish(c, ucm::fail(ucm::Result::kInvalidArg, "info is NULL"));
+  if (r != ucm::Result::kOk) return finish_call(nullptr, r);
+  if (!info) return finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "info is NULL"));
   if (info->struct_bytes != sizeof(ucm_cache_info_t))
-    return finish(c, ucm::fail(ucm::Result::kInvalidArg, "info->struct_bytes %u != %zu: set it to sizeof(ucm_cache_info_t)",
+    return finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "info->struct_bytes %u != %zu: set it to sizeof(ucm_cache_info_t)",
                                info->struct_bytes, sizeof(ucm_cache_info_t)));
   c->info(info);
   return UCM_OK;

@@ -50,6 +50,14 @@ Result retire_handle(ucm_cache_t h, std::unique_ptr<Cache>* out) {
   return Result::kOk;
 }
 
+ucm_result_t finish_call(Cache* c, Result r) {
+  if (r != Result::kOk) {
+    if (c) c->set_error(last_error());
+    else set_orphan_error(last_error());
+  }
+  return static_cast<ucm_result_t>(r);
+}
+
 void set_orphan_error(const std::string& e) { t_orphan_error = e; }
 const char* orphan_error() { return t_orphan_error.c_str(); }
 

@@ -25,6 +25,10 @@ ucm_cache_s* register_handle(std::unique_ptr<Cache> impl);
 // Moves the Cache out of a live handle and marks it finalized.
 [[nodiscard]] Result retire_handle(ucm_cache_t h, std::unique_ptr<Cache>* out);
 
+// Ends a C API call: a failure's message goes to the cache's last error (or
+// the thread's, with no cache); the result is returned as the C enum.
+ucm_result_t finish_call(Cache* c, Result r);
+
 // The error of the last call that had no usable handle, per thread.
 void set_orphan_error(const std::string& e);
 const char* orphan_error();

@@ -10,14 +10,6 @@
 
 namespace {
 
-ucm_result_t done(ucm::Cache* c, ucm::Result r) {
-  if (r != ucm::Result::kOk) {
-    if (c) c->set_error(ucm::last_error());
-    else ucm::set_orphan_error(ucm::last_error());
-  }
-  return static_cast<ucm_result_t>(r);
-}
-
 ucm::Key to_key(const ucm_key_t& k) {
   ucm::Key out;
   out.block = ucm::block_from_bytes(k.block.bytes);
@@ -25,9 +17,10 @@ ucm::Key to_key(const ucm_key_t& k) {
   return out;
 }
 
-// Checks a task's entries; `ptr(i)` is entry i's dst or src.
-template <typename Entry, typename Ptr>
-ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, const ucm_task_t* task, Ptr ptr,
+// Checks a task's entries and converts them; `take(e, out)` copies entry e's
+// dst or src into out and says whether it is non-NULL.
+template <typename Entry, typename Take>
+ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, const ucm_task_t* task, Take take,
                           const char* ptr_name, std::vector<ucm::TaskEntry>* out) {
   using ucm::Result;
   using ucm::fail;
@@ -42,17 +35,35 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
   out->reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const ucm::Key k = to_key(entries[i].key);
-    if (!ptr(entries[i])) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
+    ucm::TaskEntry e;
+    if (!take(entries[i], &e)) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
     if (k.shard >= spb) return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", k.shard, spb, i);
     auto [it, fresh] = seen.emplace(k, i);
     if (!fresh)
       return fail(Result::kDuplicateKey, "entry %zu repeats the key of entry %zu (block %016" PRIx64 "%016" PRIx64
                   " shard %u)", i, it->second, k.block.hi, k.block.lo, k.shard);
-    ucm::TaskEntry e;
     e.key = k;
     out->push_back(e);
   }
   return Result::kOk;
+}
+
+// Both task kinds: resolve, check every entry, submit; nothing is submitted
+// unless every entry is good.
+template <typename Entry, typename Take>
+ucm_result_t submit_task(ucm_cache_t cache, const Entry* entries, size_t n, ucm_task_t* task, ucm::TaskKind kind,
+                         const char* ptr_name, Take take) {
+  ucm::Cache* c = nullptr;
+  ucm::Result r = ucm::resolve_handle(cache, &c);
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
+  try {
+    std::vector<ucm::TaskEntry> es;
+    r = check_entries(*c, entries, n, task, take, ptr_name, &es);
+    if (r != ucm::Result::kOk) return ucm::finish_call(c, r);
+    return ucm::finish_call(c, c->submit(kind, std::move(es), task));
+  } catch (const std::bad_alloc&) {
+    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
+  }
 }
 
 }  // namespace
@@ -60,77 +71,57 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
 extern "C" {
 
 UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
-  try {
-    std::vector<ucm::TaskEntry> es;
-    r = check_entries(*c, entries, n, task, [](const ucm_load_entry_t& e) { return e.dst != nullptr; }, "dst", &es);
-    if (r != ucm::Result::kOk) return done(c, r);
-    for (size_t i = 0; i < n; ++i) es[i].dst = entries[i].dst;
-    return done(c, c->submit(ucm::TaskKind::kLoad, std::move(es), task));
-  } catch (const std::bad_alloc&) {
-    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
-  }
+  return submit_task(cache, entries, n, task, ucm::TaskKind::kLoad, "dst",
+                     [](const ucm_load_entry_t& e, ucm::TaskEntry* out) { out->dst = e.dst; return e.dst != nullptr; });
 }
 
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
-  try {
-    std::vector<ucm::TaskEntry> es;
-    r = check_entries(*c, entries, n, task, [](const ucm_dump_entry_t& e) { return e.src != nullptr; }, "src", &es);
-    if (r != ucm::Result::kOk) return done(c, r);
-    for (size_t i = 0; i < n; ++i) es[i].src = entries[i].src;
-    return done(c, c->submit(ucm::TaskKind::kDump, std::move(es), task));
-  } catch (const std::bad_alloc&) {
-    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
-  }
+  return submit_task(cache, entries, n, task, ucm::TaskKind::kDump, "src",
+                     [](const ucm_dump_entry_t& e, ucm::TaskEntry* out) { out->src = e.src; return e.src != nullptr; });
 }
 
 UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
-  return done(c, c->wait(task, timeout_ms));
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
+  return ucm::finish_call(c, c->wait(task, timeout_ms));
 }
 
 UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* is_done) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
-  if (!is_done) return done(c, ucm::fail(ucm::Result::kNullPointer, "done (the output flag) is NULL"));
-  return done(c, c->test(task, is_done));
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
+  if (!is_done) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "done (the output flag) is NULL"));
+  return ucm::finish_call(c, c->test(task, is_done));
 }
 
 UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
   if (n == 0) return UCM_OK;
-  if (!blocks) return done(c, ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n));
+  if (!blocks) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n));
   try {
     std::vector<ucm::BlockId> ids(n);
     for (size_t i = 0; i < n; ++i) ids[i] = ucm::block_from_bytes(blocks[i].bytes);
     c->buffer()->touch(ids.data(), n);
     return UCM_OK;
   } catch (const std::bad_alloc&) {
-    return done(c, ucm::fail(ucm::Result::kNoMemory, "out of memory touching %zu blocks", n));
+    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory touching %zu blocks", n));
   }
 }
 
 UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
   if (n == 0) return UCM_OK;
-  if (!keys) return done(c, ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n));
-  if (!where) return done(c, ucm::fail(ucm::Result::kNullPointer, "where (the output array) is NULL"));
+  if (!keys) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n));
+  if (!where) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "where (the output array) is NULL"));
   const uint32_t spb = c->config().shards_per_block;
   for (size_t i = 0; i < n; ++i) {
     if (keys[i].shard >= spb)
-      return done(c, ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard,
+      return ucm::finish_call(c, ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard,
                                spb, i));
   }
   for (size_t i = 0; i < n; ++i) {
@@ -141,7 +132,7 @@ UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t
     }
     bool in_store = false;
     r = c->backend()->exists(k, &in_store);
-    if (r != ucm::Result::kOk) return done(c, r);
+    if (r != ucm::Result::kOk) return ucm::finish_call(c, r);
     where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
   }
   return UCM_OK;
@@ -150,10 +141,10 @@ UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t
 UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node) {
   ucm::Cache* c = nullptr;
   ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return done(nullptr, r);
+  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
   for (ucm_stats_t* s : {rank, node}) {
     if (s && s->struct_bytes != sizeof(ucm_stats_t))
-      return done(c, ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
+      return ucm::finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
                                s->struct_bytes, sizeof(ucm_stats_t)));
   }
   c->stats(rank, node);
