@@ -2,7 +2,6 @@
 
 #include <sched.h>
 #include <unistd.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -44,12 +43,6 @@ inline void bump(std::atomic<uint64_t>& counter) {
 // For a counter that two threads of a rank bump by design (takeovers: the
 // dispatcher in get(), the copier in try_take_over()); rare, so exact.
 inline void bump_shared(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
-
-void sleep_ns(uint64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
 
 }  // namespace
 
@@ -281,7 +274,7 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
       note_waited_on(w);
     }
     if (opts_.wait == WaitMode::kPoll) {
-      sleep_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, deadline_ns - now));
+      sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, deadline_ns - now));
       continue;
     }
     if (!(w & kWordWaiters)) {

@@ -30,6 +30,13 @@ inline uint64_t process_cpu_ns() {
 
 constexpr uint64_t kNoDeadline = UINT64_MAX;
 
+// Sleeps ns nanoseconds, resuming after signals.
+inline void sleep_for_ns(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
 inline uint64_t deadline_after_ms(uint64_t ms) { return ms == UINT64_MAX ? kNoDeadline : now_ns() + ms * 1000000ull; }
 
 }  // namespace ucm

@@ -1,6 +1,5 @@
 #include "queue/load_queue.h"
 
-#include <time.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -20,11 +19,6 @@ constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's def
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
-
-void nap_ns(uint64_t ns) {
-  timespec ts{0, static_cast<long>(ns)};
-  nanosleep(&ts, nullptr);
-}
 
 }  // namespace
 
@@ -141,7 +135,7 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
       return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned)",
                   key_text(k).c_str());
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
-    nap_ns(opts_.no_space_backoff_ns);
+    sleep_for_ns(opts_.no_space_backoff_ns);
   }
 }
 
@@ -183,7 +177,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
       }
     }
     deferred.resize(kept);
-    if (!deferred.empty()) nap_ns(kDeferNapNs);
+    if (!deferred.empty()) sleep_for_ns(kDeferNapNs);
   }
   if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
 }
@@ -194,7 +188,7 @@ void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
   // through the task in lockstep with one backend load per step (seed 2.1).
   // Reproduced here so the study's control group behaves like the old code;
   // it polls, as the old code did.
-  while (t.remaining() > left && !stopping()) nap_ns(kLegacyStepNapNs);
+  while (t.remaining() > left && !stopping()) sleep_for_ns(kLegacyStepNapNs);
 }
 
 void LoadQueue::fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from) {
