@@ -184,6 +184,9 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       bump(ctr_->no_space);
       return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned", c.regular_slots());
     }
+    // The caller's next move is to fill the slot: start bringing its first
+    // line (and its page's translation) in while we finish the bookkeeping.
+    __builtin_prefetch(data_->at(v), 1, 3);
     install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, opts_.rank);
     shared_unlock(lock);
     bump(ctr_->owner_misses);

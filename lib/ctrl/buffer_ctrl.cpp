@@ -107,6 +107,8 @@ uint64_t ctrl_fingerprint(const CtrlParams& p) {
   return h;
 }
 
+std::atomic<uint64_t> g_ctrl_epoch{1};
+
 BufferCtrl::~BufferCtrl() { reset(); }
 
 BufferCtrl::BufferCtrl(BufferCtrl&& o) noexcept { *this = std::move(o); }
@@ -123,7 +125,10 @@ BufferCtrl& BufferCtrl::operator=(BufferCtrl&& o) noexcept {
 }
 
 void BufferCtrl::reset() {
-  if (base_) munmap(base_, bytes_);
+  if (base_) {
+    munmap(base_, bytes_);
+    g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
+  }
   if (fd_ >= 0) close(fd_);
   base_ = nullptr;
   fd_ = -1;
@@ -163,6 +168,7 @@ Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
   if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", l.region_bytes, strerror(errno));
   c.base_ = static_cast<uint8_t*>(m);
   c.bytes_ = l.region_bytes;
+  g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   // The memfd is zero-filled: fill in what is not zero, header last.
   auto* h = reinterpret_cast<CtrlHeader*>(c.base_);
@@ -222,6 +228,7 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
   if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", file_bytes, strerror(errno));
   base_ = static_cast<uint8_t*>(m);
   bytes_ = file_bytes;
+  g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   const CtrlHeader& h = header();
   const uint64_t magic = std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire);

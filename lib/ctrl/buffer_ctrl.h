@@ -110,6 +110,11 @@ class BufferCtrl {
   EvictMode evict_ = EvictMode::kClock;
 };
 
+// Bumped whenever this process maps or unmaps a control region: per-thread
+// state derived from a region (CLOCK hand runs) is stale once it changes.
+extern std::atomic<uint64_t> g_ctrl_epoch;
+inline uint64_t ctrl_epoch() { return g_ctrl_epoch.load(std::memory_order_relaxed); }
+
 // Holder id used in lock words and claims for local rank r.
 inline uint32_t holder_id(uint32_t rank) { return rank + 1; }
 

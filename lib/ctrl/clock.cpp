@@ -79,10 +79,48 @@ bool detach_claimed(const BufferCtrl& c, uint32_t i, uint32_t locked_bucket, boo
   return true;
 }
 
-uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, uint32_t first, uint32_t n, bool second_chance,
-                     uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+// The hand is taken in runs: one fetch_add claims `run` consecutive positions
+// for the calling thread, which then visits them in order. With one evicting
+// thread the victims come in exactly the order of a hand advanced one slot at
+// a time; with several, each sweeps its own run of accessed bytes, pin rows
+// and slot meta instead of all of them writing the shared hand (and each
+// other's lines) at every step. A run a thread never finishes (it exits, or
+// stops evicting) only means those slots are skipped on this lap. Runs are
+// short when the pool is small, so that ranks still interleave: a pool of
+// fewer than 8 slots per rank keeps the one-slot hand.
+struct HandRun {
+  const std::atomic<uint64_t>* hand = nullptr;
+  uint64_t epoch = 0;     // BufferCtrl epoch the run was taken in (a run never outlives its region)
+  uint32_t pos = 0;       // next position in [0, n)
+  uint32_t left = 0;      // positions still to visit
+};
+thread_local HandRun t_runs[2];
+
+uint32_t run_length(const BufferCtrl& c, uint32_t n) {
+  const uint32_t per_rank = n / (8 * c.max_ranks());
+  return per_rank < 1 ? 1 : per_rank > 64 ? 64 : per_rank;
+}
+
+// The next position of the hand for this thread, in [0, n).
+inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uint64_t>& hand, uint32_t n) {
+  const uint64_t epoch = ctrl_epoch();
+  if (run.left == 0 || run.hand != &hand || run.epoch != epoch) {
+    const uint32_t len = run_length(c, n);
+    run.pos = static_cast<uint32_t>(hand.fetch_add(len, std::memory_order_relaxed) % n);
+    run.left = len;
+    run.hand = &hand;
+    run.epoch = epoch;
+  }
+  const uint32_t p = run.pos;
+  run.pos = p + 1 == n ? 0 : p + 1;
+  --run.left;
+  return p;
+}
+
+uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
+                     bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
   for (uint64_t step = 0; step < 2ull * n; ++step) {
-    const uint32_t i = first + static_cast<uint32_t>(hand.fetch_add(1, std::memory_order_relaxed) % n);
+    const uint32_t i = first + next_position(run, c, hand, n);
     if (second_chance && step < n) {
       std::atomic<uint8_t>& a = c.accessed(i);
       if (a.load(std::memory_order_relaxed)) {
@@ -122,8 +160,8 @@ uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder) {
 }
 
 uint32_t take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
-  return clock_sweep(c, c.globals().clock_hand, 0, c.regular_slots(), c.evict_mode() == EvictMode::kClock, holder,
-                     locked_bucket, evicted);
+  return clock_sweep(c, c.globals().clock_hand, t_runs[0], 0, c.regular_slots(), c.evict_mode() == EvictMode::kClock,
+                     holder, locked_bucket, evicted);
 }
 
 uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
@@ -135,7 +173,7 @@ uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locke
     *evicted = false;
     return i;
   }
-  return clock_sweep(c, c.globals().reserved_hand, first, n, true, holder, locked_bucket, evicted);
+  return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted);
 }
 
 }  // namespace ucm
