@@ -12,19 +12,21 @@
 namespace ucm::bench {
 namespace {
 
-const Case* find_case(const std::vector<Case>& cs, Layout l, uint32_t keys, int procs) {
+const Case* find_case(const std::vector<Case>& cs, Layout l, uint32_t keys, int procs, bool v1) {
   for (const Case& c : cs)
-    if (c.kind == OpKind::kHit && c.layout == l && c.keys == keys && c.procs == procs) return &c;
+    if (c.kind == OpKind::kHit && c.layout == l && c.keys == keys && c.procs == procs && c.v1 == v1) return &c;
   return nullptr;
 }
 
 // The one-process line a two-process hit line is compared with (same key count).
 const Case* baseline_of(const std::vector<Case>& cs, const Case& c) {
   if (c.kind != OpKind::kHit || c.procs == 1) return nullptr;
-  return find_case(cs, Layout::kOne, c.keys, 1);
+  return find_case(cs, Layout::kOne, c.keys, 1, c.v1);
 }
 
 const char* verdict(bool ok) { return ok ? "ok" : "MISSED"; }
+
+std::string index_name(const Case& c) { return c.v1 ? "v1_model" : "ucmcache"; }
 
 // A two-process hit line over its one-process line, by CPU time: a process
 // preempted by unrelated work stretches wall time, not the cost of its ops
@@ -49,6 +51,20 @@ void json_wake(FILE* f, const WakeResult& w) {
 }
 
 }  // namespace
+
+const Case* v1_twin(const std::vector<Case>& cs, const Case& c) {
+  if (c.v1) return nullptr;
+  for (const Case& t : cs)
+    if (t.v1 && t.kind == c.kind && t.procs == c.procs &&
+        (c.kind == OpKind::kHit ? t.layout == c.layout && t.keys == c.keys : t.fill == c.fill))
+      return &t;
+  return nullptr;
+}
+
+double v1_ratio_target(const Case& c) {
+  if (c.target <= 0) return 0;
+  return c.target / c.anchor_lo;
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -107,24 +123,38 @@ void print_ops(const std::vector<Case>& cs) {
          "cpu = the same by CPU time (well below ns/op: the run was preempted, the machine is busy);\n"
          "cpu vs 1p = a two-process line over the one-process line with as many keys, by CPU time\n",
          cs.empty() ? size_t{0} : cs[0].runs.size());
-  printf("%-46s %8s %15s %7s %9s %8s %9s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
-         "cpu vs 1p", "target");
+  printf("v1 model = the same op on the model of v1's index (v1_index.h) in this run; /v1m = ns/op over it;\n"
+         "same-run target = the target over v1's anchor, as a ratio to the v1 model (hit 30/35, miss 80/80)\n");
+  printf("%-46s %8s %15s %7s %9s %8s %9s %8s %6s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
+         "cpu vs 1p", "v1 model", "/v1m", "target");
   for (const Case& c : cs) {
     const double m = median(c.runs);
     const double lo = *std::min_element(c.runs.begin(), c.runs.end());
     const double hi = *std::max_element(c.runs.begin(), c.runs.end());
-    char anchor[32], range[32], vs1[16] = "", target[48] = "";
+    char anchor[32], range[32], vs1[16] = "";
     if (c.anchor_lo == c.anchor_hi) snprintf(anchor, sizeof(anchor), "%.0f", c.anchor_lo);
     else snprintf(anchor, sizeof(anchor), "%.0f-%.0f", c.anchor_lo, c.anchor_hi);
     snprintf(range, sizeof(range), "%.1f-%.1f", lo, hi);
     const Case* base = baseline_of(cs, c);
     if (base) snprintf(vs1, sizeof(vs1), "%.2fx", cpu_ratio_to_1proc(c, *base));
-    if (c.target > 0) snprintf(target, sizeof(target), "<= %.0f: %s", c.target, verdict(m <= c.target));
-    else if (base && c.layout == Layout::kAdjacent)
+    const Case* twin = v1_twin(cs, c);
+    char v1m[16] = "", v1r[16] = "";
+    if (twin) {
+      snprintf(v1m, sizeof(v1m), "%.1f", median(twin->runs));
+      snprintf(v1r, sizeof(v1r), "%.2fx", m / median(twin->runs));
+    }
+    char target[96] = "";
+    if (c.target > 0 && !c.v1) {
+      int n = snprintf(target, sizeof(target), "<= %.0f: %s", c.target, verdict(m <= c.target));
+      if (twin)
+        snprintf(target + n, sizeof(target) - static_cast<size_t>(n), "; same run <= %.2fx v1m: %s",
+                 v1_ratio_target(c), verdict(m / median(twin->runs) <= v1_ratio_target(c)));
+    } else if (base && c.layout == Layout::kAdjacent && !c.v1) {
       snprintf(target, sizeof(target), "no cliff (<= %.2fx 1 proc): %s", kTargetNoCliff,
                verdict(cpu_ratio_to_1proc(c, *base) <= kTargetNoCliff));
-    printf("%-46s %8.1f %15s %7.1f %9s %7.2fx %9s  %s\n", c.name.c_str(), m, range, median(c.runs_cpu), anchor,
-           m / c.anchor_lo, vs1, target);
+    }
+    printf("%-46s %8.1f %15s %7.1f %9s %7.2fx %9s %8s %6s  %s\n", c.name.c_str(), m, range, median(c.runs_cpu),
+           anchor, m / c.anchor_lo, vs1, v1m, v1r, target);
   }
 }
 
@@ -168,16 +198,21 @@ bool write_json(const std::string& path, const RunInfo& info, const std::vector<
   for (size_t i = 0; i < cs.size(); ++i) {
     const Case& c = cs[i];
     const Case* base = baseline_of(cs, c);
+    const Case* twin = v1_twin(cs, c);
     const double m = median(c.runs);
     fprintf(f,
-            "    {\"case\": \"%s\", \"op\": \"%s\", \"procs\": %d, \"keys_per_proc\": %u, \"evict\": \"%s\", "
+            "    {\"case\": \"%s\", \"index\": \"%s\", \"op\": \"%s\", \"procs\": %d, \"keys_per_proc\": %u, \"evict\": \"%s\", "
             "\"fill_bytes\": %d,\n     \"ns_per_op_median\": %.3f, \"ns_per_op_slowest_proc_median\": %.3f, "
             "\"cpu_ns_per_op_median\": %.3f,\n     \"anchor_ns\": [%.0f, %.0f], \"ratio_to_anchor\": %.3f, "
-            "\"ratio_to_1proc\": %.3f, \"cpu_ratio_to_1proc\": %.3f, \"target_ns\": %.0f, \"runs\": ",
-            c.name.c_str(), c.kind == OpKind::kHit ? "hit" : "miss", c.procs, c.keys,
+            "\"ratio_to_1proc\": %.3f, \"cpu_ratio_to_1proc\": %.3f, \"target_ns\": %.0f,",
+            c.name.c_str(), index_name(c).c_str(), c.kind == OpKind::kHit ? "hit" : "miss", c.procs, c.keys,
             c.evict == EvictMode::kClock ? "clock" : "ring", c.kind == OpKind::kMiss && c.fill ? 8 : 0, m,
             median(c.runs_max), median(c.runs_cpu), c.anchor_lo, c.anchor_hi, m / c.anchor_lo,
             base ? m / median(base->runs) : 1.0, base ? cpu_ratio_to_1proc(c, *base) : 1.0, c.target);
+    if (twin)
+      fprintf(f, "\n     \"v1_model_ns_median\": %.3f, \"ratio_to_v1_model\": %.3f, \"same_run_target_ratio\": %.3f,",
+              median(twin->runs), m / median(twin->runs), v1_ratio_target(c));
+    fprintf(f, " \"runs\": ");
     json_array(f, c.runs);
     fprintf(f, "}%s\n", i + 1 < cs.size() ? "," : "");
   }

@@ -40,7 +40,15 @@ struct Case {
   std::vector<double> runs;      // ns/op per rep, averaged over processes
   std::vector<double> runs_max;  // ns/op per rep, slowest process
   std::vector<double> runs_cpu;  // CPU ns/op per rep, averaged over processes
+  bool v1 = false;               // the v1 model (v1_index.h), the same-run control, not ucmcache
 };
+
+// The v1 model's line that a ucmcache line is compared with in the same run
+// (same op, layout, keys, processes and fill; misses: v1 had only the ring).
+const Case* v1_twin(const std::vector<Case>& cs, const Case& c);
+// The same-run form of a target: a line must be at most target/anchor times
+// the v1 model's (hit: 30/35, miss: 80/80).
+double v1_ratio_target(const Case& c);
 
 struct WakeResult {
   const char* mode;

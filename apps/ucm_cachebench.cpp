@@ -69,6 +69,7 @@
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
+#include "v1_index.h"
 
 namespace ucm::bench {
 namespace {
@@ -372,10 +373,83 @@ bool miss_body(const Case& c, uint64_t run_ns, CacheBuffer& cb, int rank) {
   return bad == 0;
 }
 
+// ---- the same ops on the v1 model (v1_index.h) ----------------------------------
+
+void v1_fill_in_order(V1Index& ix, const BufferData& data) {
+  for (uint32_t j = 0; j < kSlots; ++j) {
+    uint32_t slot;
+    bool evicted;
+    if (ix.get(make_key(j), &slot, &evicted) != V1Index::Outcome::kOwner || slot != j) {
+      fprintf(stderr, "v1 model fill: key %u did not go to slot %u as owner\n", j, j);
+      exit(1);
+    }
+    *static_cast<volatile uint64_t*>(data.at(slot)) = j;
+    ix.mark_ready(slot);
+    ix.release(slot);
+  }
+}
+
+bool v1_hit_body(const Case& c, uint64_t run_ns, V1Index& ix, int rank) {
+  std::vector<Key> keys;
+  for (uint32_t j = 0; j < c.keys; ++j) {
+    const uint32_t s = hit_slot(c.layout, j, rank);
+    keys.push_back(make_key(s));
+    uint32_t slot;
+    bool evicted;
+    if (ix.get(keys.back(), &slot, &evicted) != V1Index::Outcome::kHit || slot != s) {
+      fprintf(stderr, "%s: key of slot %u is not a hit there\n", c.name.c_str(), s);
+      return false;
+    }
+    ix.release(slot);
+  }
+  if (!barrier(c.procs)) return false;
+  ProcResult& r = g_page->result[rank];
+  size_t j = 0;
+  uint64_t bad = 0;
+  timed_loop(run_ns, &r, [&] {
+    uint32_t slot;
+    bool evicted;
+    if (ix.get(keys[j], &slot, &evicted) != V1Index::Outcome::kHit) ++bad;
+    ix.release(slot);
+    if (++j == keys.size()) j = 0;
+  });
+  r.bad = bad;
+  return bad == 0;
+}
+
+bool v1_miss_body(const Case& c, uint64_t run_ns, V1Index& ix, const BufferData& data, int rank) {
+  uint64_t n = (static_cast<uint64_t>(rank) + 1) * kMissKeyBase;
+  if (!barrier(c.procs)) return false;
+  ProcResult& r = g_page->result[rank];
+  uint64_t bad = 0;
+  timed_loop(run_ns, &r, [&] {
+    uint32_t slot;
+    bool evicted;
+    if (ix.get(make_key(n), &slot, &evicted) != V1Index::Outcome::kOwner || !evicted) {
+      ++bad;
+      return;
+    }
+    if (c.fill) *static_cast<volatile uint64_t*>(data.at(slot)) = n;
+    ++n;
+    ix.mark_ready(slot);
+    ix.release(slot);
+  });
+  r.bad = bad;
+  return bad == 0;
+}
+
 void run_case(Case* c, const Options& o) {
   NodeCache nc;
   create_cache(kSlots, c->evict, o.max_ranks, &nc);
-  {
+  V1Index* v1 = nullptr;
+  if (c->v1) {
+    v1 = V1Index::create(kSlots);
+    if (!v1) {
+      perror("v1 model: create");
+      exit(1);
+    }
+    v1_fill_in_order(*v1, nc.data);
+  } else {
     CacheBuffer loader(&nc.ctrl, &nc.data, CacheOptions{});
     fill_in_order(loader);
   }
@@ -384,8 +458,11 @@ void run_case(Case* c, const Options& o) {
   CacheOptions o0, o1;
   o1.rank = 1;
   const bool ok = run_ranks(nc, c->procs, o0, o1, [&](CacheBuffer& cb, int rank) {
+    if (v1) return c->kind == OpKind::kHit ? v1_hit_body(*c, run_ns, *v1, rank)
+                                           : v1_miss_body(*c, run_ns, *v1, nc.data, rank);
     return c->kind == OpKind::kHit ? hit_body(*c, run_ns, cb, rank) : miss_body(*c, run_ns, cb, rank);
   });
+  V1Index::destroy(v1);
   if (!ok) {
     fprintf(stderr, "case '%s' failed (rank 0 bad %" PRIu64 ", rank 1 bad %" PRIu64 ")\n", c->name.c_str(),
             g_page->result[0].bad, g_page->result[1].bad);
@@ -432,6 +509,25 @@ std::vector<Case> make_cases() {
   miss("miss 2 procs, CLOCK eviction", EvictMode::kClock, true, 2);
   miss("miss 1 proc,  ring eviction (legacy)", EvictMode::kRing, true, 1);
   miss("miss 2 procs, ring eviction (legacy)", EvictMode::kRing, true, 2);
+  // The control group: the same ops on the v1 model, in the same run.
+  auto v1 = [&](Case c, const char* name) {
+    c.name = name;
+    c.v1 = true;
+    c.target = 0;
+    cs.push_back(std::move(c));
+  };
+  const size_t ours = cs.size();
+  for (size_t i = 0; i < ours; ++i) {
+    const Case& c = cs[i];
+    const bool wanted = c.kind == OpKind::kHit ? (c.layout == Layout::kOne || c.layout == Layout::kAdjacent ||
+                                                  (c.layout == Layout::kSame && c.keys == 1))
+                                               : c.evict == EvictMode::kRing || (c.procs == 1 && !c.fill);
+    if (!wanted) continue;
+    std::string name = "v1 model: " + c.name;
+    if (c.kind == OpKind::kMiss) name = std::string("v1 model: miss ") + (c.procs == 1 ? "1 proc,  " : "2 procs, ") +
+                                        "ring eviction" + (c.fill ? "" : ", no fill");
+    v1(c, name.c_str());
+  }
   return cs;
 }
 
