@@ -187,7 +187,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     // The caller's next move is to fill the slot: start bringing its first
     // line (and its page's translation) in while we finish the bookkeeping.
     __builtin_prefetch(data_->at(v), 1, 3);
-    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, opts_.rank);
+    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);
     shared_unlock(lock);
     bump(ctr_->owner_misses);
     if (evicted) bump(ctr_->evictions);
@@ -201,15 +201,28 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, const char* what) {
     return fail(Result::kInvalidArg, "%s: slot %u >= %u slots", what, slot, ctrl_->total_slots());
   std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
   uint32_t w = word.load(std::memory_order_relaxed);
+  bool hold_moved = false;
   for (;;) {
-    if (word_state(w) != State::kIdle || word_owner(w) != opts_.rank)
+    if (word_state(w) != State::kIdle || word_owner(w) != opts_.rank) {
+      if (hold_moved) unpin_slot(*ctrl_, opts_.rank, slot);
       return fail(Result::kBadState, "%s: slot %u is %s with owner %u, not a load owned by rank %u", what, slot,
                   state_name(word_state(w)), word_owner(w), opts_.rank);
+    }
+    // Ready keeps the owner's hold. Failed does not: a waiter may take the
+    // slot over and become its owner, so the hold becomes an ordinary pin of
+    // this rank first (while the hold still keeps the slot).
+    uint32_t nw = word_next(w, s, opts_.rank);
+    if (w & kWordHold) {
+      if (s == State::kReady) {
+        nw |= kWordHold;
+      } else if (!hold_moved) {
+        ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
+        hold_moved = true;
+      }
+    }
     // Release: the bytes written into the slot happen-before any reader that
     // sees the new state.
-    if (word.compare_exchange_weak(w, word_next(w, s, opts_.rank), std::memory_order_acq_rel,
-                                   std::memory_order_relaxed))
-      break;
+    if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
   if (w & kWordWaiters) futex_wake(&word, kWakeAll);
   return Result::kOk;
@@ -294,13 +307,32 @@ void CacheBuffer::release(uint32_t slot) {
   if (slot >= c.total_slots()) return;
   std::atomic<uint32_t>& word = c.slot(slot).word;
   uint32_t w = word.load(std::memory_order_acquire);
-  // The common case (a hit: Ready) is one load and the unpin. Only a load this
-  // rank owns and never finished needs a look at our pin count: our last pin
-  // on it abandons the load (Failed, waiters take over), decided before the
-  // unpin, while the slot cannot be re-keyed under us.
-  if (word_state(w) == State::kIdle && word_owner(w) == opts_.rank &&
+  const bool mine = word_owner(w) == opts_.rank;
+  // Which reference goes: the rank's pins first, the owner's hold when this
+  // rank has no pin left on the slot (which of its threads took which does
+  // not matter: references are counted per rank).
+  if (mine && (w & kWordHold) && c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 0) {
+    for (;;) {
+      // Our last reference to a load we own and never finished abandons it
+      // (Failed, waiters take over).
+      const bool abandon = word_state(w) == State::kIdle;
+      const uint32_t nw = abandon ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
+      if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
+        if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+        if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
+        return;
+      }
+      if (!(w & kWordHold) || word_owner(w) != opts_.rank) break;  // recovered under us: nothing left to drop
+    }
+    return;
+  }
+  // A pin. The common case (a hit: Ready) is one load and the unpin. Only a
+  // load this rank owns and never finished needs a look at our pin count: our
+  // last reference abandons it, decided before the unpin, while the slot
+  // cannot be re-keyed under us.
+  if (word_state(w) == State::kIdle && mine && !(w & kWordHold) &&
       c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 1) {
-    while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank) {
+    while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !(w & kWordHold)) {
       if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
         futex_wake(&word, kWakeAll);
         UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
@@ -366,7 +398,7 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
     *out = PreallocOutcome::kNoSpace;
     return Result::kOk;
   }
-  install_claimed_slot(c, v, b, k, State::kIdle, kNoOwner, false, kMaxRanks);
+  install_claimed_slot(c, v, b, k, State::kIdle, kNoOwner, false, false);
   shared_unlock(lock);
   bump(ctr_->prealloc_made);
   *out = reserved ? PreallocOutcome::kPlacedReserved : PreallocOutcome::kPlacedRegular;

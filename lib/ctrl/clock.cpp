@@ -43,16 +43,15 @@ bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot) {
 }
 
 void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
-                          bool accessed, uint32_t pin_rank) {
+                          bool accessed, bool hold) {
   SlotMeta& m = c.slot(slot);
   // A claimed slot has no pins, hence no sleepers: no wake is needed here.
   uint32_t w = m.word.load(std::memory_order_relaxed);
-  m.word.store(word_next(w, s, owner), std::memory_order_relaxed);
+  m.word.store(word_next(w, s, owner) | (hold ? kWordHold : 0u), std::memory_order_relaxed);
   m.key_lo.store(k.block.lo, std::memory_order_relaxed);
   m.key_hi.store(k.block.hi, std::memory_order_relaxed);
   m.shard.store(k.shard, std::memory_order_relaxed);
   c.accessed(slot).store(accessed ? 1 : 0, std::memory_order_relaxed);
-  if (pin_rank < kMaxRanks) pin_claimed_slot(c, pin_rank, slot);
   chain_push(c, b, slot);  // release: publishes the key and word to chain walkers
   unclaim_slot(c, slot);   // release: publishes them to pinners
 }

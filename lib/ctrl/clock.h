@@ -60,9 +60,10 @@ bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot);
 
 // Writes a new key into a claimed floating slot with the given word state and
 // owner, pushes it on bucket b (whose lock the caller holds) and unclaims it.
-// `pin_rank` < kMaxRanks pins it for that rank before it becomes visible.
+// `hold` gives the owner its hold (layout.h) in the same store, before the
+// slot becomes visible.
 void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
-                          bool accessed, uint32_t pin_rank);
+                          bool accessed, bool hold);
 
 // A never-used regular slot, claimed; kNoSlot when all have been used.
 uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder);

@@ -18,8 +18,10 @@
 //   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
 //   edit one release store, so a chain is well-formed at every instruction.
 // - SlotMeta key fields: only the rank holding the slot's claim.
-// - SlotMeta.word (the futex word): CAS by the owner (MarkReady/MarkFailed), by a
-//   taker-over, by the claimer on re-key, and by recovery.
+// - SlotMeta.word (the futex word): CAS by the owner (MarkReady/MarkFailed, and
+//   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
+//   by the claimer on re-key (a plain store: a claimed slot has no pins), and
+//   by recovery.
 // - pins[r][slot]: only rank r (and recovery, after r died).
 // - accessed[slot]: hits, loads and Touch set it; the CLOCK hand clears it.
 // - RankRecord r: rank r, and recovery after r died.
@@ -32,7 +34,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 3;
+constexpr uint32_t kCtrlAbi = 4;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -42,7 +44,15 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 
 // ---- the futex word of a slot -------------------------------------------------
 // bits 0-1: State, bit 2: someone sleeps on this word, bits 3-8: owner local rank
-// (kNoOwner = none), bits 9-31: version, bumped by every state or owner change.
+// (kNoOwner = none), bit 9: the owner's hold, bits 10-31: version, bumped by
+// every state or owner change.
+//
+// The hold is the reference get() gives the rank that wins a missing key: it
+// is set in the same store that installs the key (so a miss pays no pin), kept
+// by mark_ready(), and dropped by that rank's release(). It counts as a pin of
+// the owner rank: nothing evicts a held slot, and recovery drops the hold of a
+// dead owner. mark_failed() turns it into an ordinary pin first, since a
+// Failed slot changes owner when a waiter takes it over.
 enum class State : uint32_t { kIdle = 0, kReady = 1, kFailed = 2 };
 
 constexpr uint32_t kWordStateMask = 0x3u;
@@ -50,12 +60,13 @@ constexpr uint32_t kWordWaiters = 0x4u;
 constexpr uint32_t kWordOwnerShift = 3;
 constexpr uint32_t kWordOwnerMask = 0x3fu << kWordOwnerShift;
 constexpr uint32_t kNoOwner = 0x3fu;
-constexpr uint32_t kWordVersionShift = 9;
+constexpr uint32_t kWordHold = 0x200u;
+constexpr uint32_t kWordVersionShift = 10;
 
 inline State word_state(uint32_t w) { return static_cast<State>(w & kWordStateMask); }
 inline uint32_t word_owner(uint32_t w) { return (w & kWordOwnerMask) >> kWordOwnerShift; }
 inline uint32_t word_version(uint32_t w) { return w >> kWordVersionShift; }
-// The next word after `w`: new state and owner, version + 1, waiters bit clear.
+// The next word after `w`: new state and owner, version + 1, waiters bit and hold clear.
 inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
   return ((word_version(w) + 1) << kWordVersionShift) | (owner << kWordOwnerShift) | static_cast<uint32_t>(s);
 }

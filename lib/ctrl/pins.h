@@ -40,25 +40,24 @@ inline PinResult pin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
   return PinResult::kPinned;
 }
 
-// Pin a slot the caller holds the claim of (no claim check: the caller is the
-// claimer, so nobody else can claim it).
-inline void pin_claimed_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
-  c.pin(rank, i).fetch_add(1, std::memory_order_relaxed);
-}
-
 // Drops one pin; returns the count this rank still holds on the slot.
 inline uint32_t unpin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
   return c.pin(rank, i).fetch_sub(1, std::memory_order_release) - 1;
 }
 
+// The owner's hold (layout.h, kWordHold) is a pin too.
+inline bool slot_held(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
+  return (c.slot(i).word.load(mo) & kWordHold) != 0;
+}
+
 inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
     if (c.pin(r, i).load(mo) != 0) return true;
-  return false;
+  return slot_held(c, i, mo);
 }
 
 inline uint32_t pin_count(const BufferCtrl& c, uint32_t i) {
-  uint32_t n = 0;
+  uint32_t n = slot_held(c, i) ? 1 : 0;
   for (uint32_t r = 0; r < c.max_ranks(); ++r) n += c.pin(r, i).load(std::memory_order_relaxed);
   return n;
 }

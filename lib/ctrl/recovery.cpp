@@ -169,6 +169,13 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
         break;
       }
     }
+    // A dead owner's hold on a finished load is one of its references.
+    while ((w & kWordHold) && word_owner(w) != kNoOwner && ((dead_mask >> word_owner(w)) & 1u)) {
+      if (s.word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
+        if (w & kWordWaiters) futex_wake(&s.word, kWakeAll);
+        break;
+      }
+    }
   }
 
   // 4. Records (not the ones the caller adopted).

@@ -9,7 +9,8 @@
 //   1. marks every registered rank whose process is gone as kReaping;
 //   2. steals and releases every bucket lock such a rank held: each chain edit
 //      is one store, so chains are well-formed;
-//   3. per slot: zeroes the dead ranks' pins; a slot claimed by a dead rank is
+//   3. per slot: zeroes the dead ranks' pins and drops a dead owner's hold
+//      (layout.h); a slot claimed by a dead rank is
 //      either on the chain of its key's bucket (the claim is dropped) or
 //      floating (its key is cleared so CLOCK can reuse it); a slot a dead rank
 //      was loading (Idle, owner dead) becomes Failed and its sleepers are woken,

@@ -1,9 +1,13 @@
 // CacheBuffer's protocol in one process: two ranks over the same planes.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "common/ctrl_check.h"
 #include "common/test_util.h"
 #include "ctrl/clock.h"
 #include "ctrl/pins.h"
@@ -135,6 +139,132 @@ TEST_F(TwoRanks, EverythingPinnedIsNoSpaceThenRecovers) {
   r1_->release(g.slot);
   for (uint32_t s : held)
     if (s != held[3]) r0_->release(s);
+}
+
+// The owner's reference from get() is its hold in the futex word, not a pin.
+TEST_F(TwoRanks, TheOwnersHoldKeepsTheSlotUntilItsRelease) {
+  GetResult g;
+  ASSERT_EQ(r0_->get(key(300, 0), &g), Result::kOk);
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  const std::atomic<uint32_t>& word = tc_.ctrl.slot(g.slot).word;
+  EXPECT_TRUE(word.load() & kWordHold) << "a miss pays no pin: the hold is in the word";
+  EXPECT_EQ(tc_.ctrl.pin(0, g.slot).load(), 0u);
+  EXPECT_EQ(pin_count(tc_.ctrl, g.slot), 1u);
+  EXPECT_TRUE(slot_pinned(tc_.ctrl, g.slot));
+  ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+  EXPECT_EQ(word_state(word.load()), State::kReady);
+  EXPECT_TRUE(word.load() & kWordHold) << "mark_ready keeps the owner's reference";
+  // A peer's hit pins its own row; the owner's release then drops the hold only.
+  GetResult h;
+  ASSERT_EQ(r1_->get(key(300, 0), &h), Result::kOk);
+  ASSERT_EQ(h.kind, GetKind::kHit);
+  EXPECT_EQ(pin_count(tc_.ctrl, g.slot), 2u);
+  r0_->release(g.slot);
+  EXPECT_FALSE(word.load() & kWordHold);
+  EXPECT_EQ(word_state(word.load()), State::kReady);
+  EXPECT_EQ(tc_.ctrl.pin(1, g.slot).load(), 1u);
+  r1_->release(h.slot);
+  EXPECT_EQ(pin_count(tc_.ctrl, g.slot), 0u);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+}
+
+TEST_F(TwoRanks, AHeldSlotIsNeverAVictim) {
+  // Fill all 8 regular slots as owner, keep every hold: the next miss has no victim.
+  std::vector<uint32_t> held;
+  for (uint64_t b = 0; b < 8; ++b) {
+    GetResult g;
+    ASSERT_EQ(r0_->get(key(400 + b, 0), &g), Result::kOk);
+    ASSERT_EQ(g.kind, GetKind::kOwner);
+    if (b % 2) {  // held while loading and once Ready
+      ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+    }
+    held.push_back(g.slot);
+  }
+  for (uint32_t s : held) EXPECT_EQ(tc_.ctrl.pin(0, s).load(), 0u);
+  GetResult g;
+  EXPECT_EQ(r1_->get(key(500, 0), &g), Result::kNoSpace);
+  r0_->release(held[1]);  // a Ready slot: the hold goes, the key stays
+  ASSERT_EQ(r1_->get(key(500, 0), &g), Result::kOk);
+  EXPECT_EQ(g.kind, GetKind::kOwner);
+  EXPECT_EQ(g.slot, held[1]);
+  EXPECT_EQ(r1_->mark_ready(g.slot), Result::kOk);
+  r1_->release(g.slot);
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (i == 1) continue;
+    if (i % 2 == 0) {
+      ASSERT_EQ(r0_->mark_ready(held[i]), Result::kOk);
+    }
+    r0_->release(held[i]);
+  }
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+}
+
+TEST_F(TwoRanks, MarkFailedTurnsTheHoldIntoAPinBeforeATakeover) {
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(600, 0), &o), Result::kOk);
+  ASSERT_EQ(r1_->get(key(600, 0), &w), Result::kOk);
+  ASSERT_EQ(w.kind, GetKind::kWaiter);
+  ASSERT_EQ(r0_->mark_failed(o.slot), Result::kOk);
+  const std::atomic<uint32_t>& word = tc_.ctrl.slot(o.slot).word;
+  EXPECT_FALSE(word.load() & kWordHold);
+  EXPECT_EQ(tc_.ctrl.pin(0, o.slot).load(), 1u) << "the failed owner still holds its reference, as a pin";
+  ASSERT_TRUE(r1_->try_take_over(o.slot, word.load()));
+  EXPECT_EQ(word_owner(word.load()), 1u);
+  r0_->release(o.slot);  // the old owner's pin, not the new owner's load
+  EXPECT_EQ(word_state(word.load()), State::kIdle) << "the new owner's load is not abandoned";
+  EXPECT_EQ(tc_.ctrl.pin(0, o.slot).load(), 0u);
+  ASSERT_EQ(r1_->mark_ready(o.slot), Result::kOk);
+  r1_->release(o.slot);
+  EXPECT_EQ(pin_count(tc_.ctrl, o.slot), 0u);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+}
+
+TEST_F(TwoRanks, AnOwnerWithAnExtraPinAbandonsOnlyWithItsLastReference) {
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(700, 0), &o), Result::kOk);
+  r0_->add_pin(o.slot);  // as the load queue does for a backend I/O
+  const std::atomic<uint32_t>& word = tc_.ctrl.slot(o.slot).word;
+  r0_->release(o.slot);
+  EXPECT_EQ(word_state(word.load()), State::kIdle) << "one reference left: the load goes on";
+  EXPECT_EQ(pin_count(tc_.ctrl, o.slot), 1u);
+  r0_->release(o.slot);
+  EXPECT_EQ(word_state(word.load()), State::kFailed) << "the last reference abandons the unfinished load";
+  EXPECT_EQ(pin_count(tc_.ctrl, o.slot), 0u);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+}
+
+TEST(CacheHold, ADeadOwnersHoldIsDroppedByRecovery) {
+  TestCache tc;
+  make_cache(params(4), &tc);
+  ASSERT_EQ(tc.ctrl.join(0), Result::kOk);
+  CacheBuffer r0(&tc.ctrl, &tc.data, CacheOptions{});
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A real process as rank 1: it finishes a load and dies before its release.
+    if (tc.ctrl.join(1) != Result::kOk) _exit(2);
+    CacheOptions o1;
+    o1.rank = 1;
+    CacheBuffer r1(&tc.ctrl, &tc.data, o1);
+    GetResult g;
+    if (r1.get(key(800, 0), &g) != Result::kOk || g.kind != GetKind::kOwner) _exit(3);
+    if (r1.mark_ready(g.slot) != Result::kOk) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const uint32_t slot = chain_find_locked(tc.ctrl, bucket_of(key(800, 0), tc.ctrl.bucket_mask()), key(800, 0));
+  ASSERT_NE(slot, kNoSlot);
+  EXPECT_TRUE(slot_held(tc.ctrl, slot));
+  ASSERT_EQ(r0.reap(), Result::kOk);
+  EXPECT_FALSE(slot_held(tc.ctrl, slot)) << "the dead owner's reference is gone";
+  EXPECT_EQ(word_state(tc.ctrl.slot(slot).word.load()), State::kReady) << "its finished load stays served";
+  GetResult h;
+  ASSERT_EQ(r0.get(key(800, 0), &h), Result::kOk);
+  EXPECT_EQ(h.kind, GetKind::kHit);
+  r0.release(h.slot);
+  EXPECT_EQ(check_quiescent(tc.ctrl, &tc.data, QuiescentOptions{}), "");
 }
 
 TEST_F(TwoRanks, BadShardIsNamed) {

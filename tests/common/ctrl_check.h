@@ -127,6 +127,11 @@ inline std::string check_quiescent(const BufferCtrl& c, const BufferData* data, 
     }
     const Key k = slot_key(c, i);
     const uint32_t w = s.word.load();
+    if ((w & kWordHold) && (!o.allow_pins || word_owner(w) == kNoOwner || !c.rank_alive(word_owner(w)))) {
+      std::snprintf(buf, sizeof(buf), "slot %u still carries the hold of owner %u%s", i, word_owner(w),
+                    word_owner(w) != kNoOwner && c.rank_alive(word_owner(w)) ? "" : " (which is not a live rank)");
+      return buf;
+    }
     if (k.shard == kEmptyShard) {
       ++st.empty;
       if (on_bucket[i] >= 0) {
