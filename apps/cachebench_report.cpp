@@ -123,9 +123,9 @@ void print_ops(const std::vector<Case>& cs) {
          "cpu = the same by CPU time (well below ns/op: the run was preempted, the machine is busy);\n"
          "cpu vs 1p = a two-process line over the one-process line with as many keys, by CPU time\n",
          cs.empty() ? size_t{0} : cs[0].runs.size());
-  printf("v1 model = the same op on the model of v1's index (v1_index.h) in this run; /v1m = ns/op over it;\n"
+  printf("v1 model, v1m = the same op on the model of v1's index (v1_index.h), in this run; /v1m = ns/op over it;\n"
          "same-run target = the target over v1's anchor, as a ratio to the v1 model (hit 30/35, miss 80/80)\n");
-  printf("%-46s %8s %15s %7s %9s %8s %9s %8s %6s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
+  printf("%-50s %8s %15s %7s %9s %8s %9s %8s %6s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
          "cpu vs 1p", "v1 model", "/v1m", "target");
   for (const Case& c : cs) {
     const double m = median(c.runs);
@@ -153,7 +153,7 @@ void print_ops(const std::vector<Case>& cs) {
       snprintf(target, sizeof(target), "no cliff (<= %.2fx 1 proc): %s", kTargetNoCliff,
                verdict(cpu_ratio_to_1proc(c, *base) <= kTargetNoCliff));
     }
-    printf("%-46s %8.1f %15s %7.1f %9s %7.2fx %9s %8s %6s  %s\n", c.name.c_str(), m, range, median(c.runs_cpu),
+    printf("%-50s %8.1f %15s %7.1f %9s %7.2fx %9s %8s %6s  %s\n", c.name.c_str(), m, range, median(c.runs_cpu),
            anchor, m / c.anchor_lo, vs1, v1m, v1r, target);
   }
 }

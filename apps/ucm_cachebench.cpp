@@ -523,8 +523,8 @@ std::vector<Case> make_cases() {
                                                   (c.layout == Layout::kSame && c.keys == 1))
                                                : c.evict == EvictMode::kRing || (c.procs == 1 && !c.fill);
     if (!wanted) continue;
-    std::string name = "v1 model: " + c.name;
-    if (c.kind == OpKind::kMiss) name = std::string("v1 model: miss ") + (c.procs == 1 ? "1 proc,  " : "2 procs, ") +
+    std::string name = "v1m " + c.name;
+    if (c.kind == OpKind::kMiss) name = std::string("v1m miss ") + (c.procs == 1 ? "1 proc,  " : "2 procs, ") +
                                         "ring eviction" + (c.fill ? "" : ", no fill");
     v1(c, name.c_str());
   }
