@@ -61,6 +61,12 @@ const Case* v1_twin(const std::vector<Case>& cs, const Case& c) {
   return nullptr;
 }
 
+double ratio_to_twin(const Case& c, const Case& twin) {
+  std::vector<double> r;
+  for (size_t i = 0; i < c.runs.size() && i < twin.runs.size(); ++i) r.push_back(c.runs[i] / twin.runs[i]);
+  return median(r);
+}
+
 double v1_ratio_target(const Case& c) {
   if (c.target <= 0) return 0;
   return c.target / c.anchor_lo;
@@ -123,7 +129,8 @@ void print_ops(const std::vector<Case>& cs) {
          "cpu = the same by CPU time (well below ns/op: the run was preempted, the machine is busy);\n"
          "cpu vs 1p = a two-process line over the one-process line with as many keys, by CPU time\n",
          cs.empty() ? size_t{0} : cs[0].runs.size());
-  printf("v1 model, v1m = the same op on the model of v1's index (v1_index.h), in this run; /v1m = ns/op over it;\n"
+  printf("v1 model, v1m = the same op on the model of v1's index (v1_index.h), run right after the line, each rep;\n"
+         "/v1m = the median of the per-rep ratios of the line to its v1 model;\n"
          "same-run target = the target over v1's anchor, as a ratio to the v1 model (hit 30/35, miss 80/80)\n");
   printf("%-50s %8s %15s %7s %9s %8s %9s %8s %6s  %s\n", "case", "ns/op", "runs min-max", "cpu", "anchor", "/anchor",
          "cpu vs 1p", "v1 model", "/v1m", "target");
@@ -141,14 +148,14 @@ void print_ops(const std::vector<Case>& cs) {
     char v1m[16] = "", v1r[16] = "";
     if (twin) {
       snprintf(v1m, sizeof(v1m), "%.1f", median(twin->runs));
-      snprintf(v1r, sizeof(v1r), "%.2fx", m / median(twin->runs));
+      snprintf(v1r, sizeof(v1r), "%.2fx", ratio_to_twin(c, *twin));
     }
     char target[96] = "";
     if (c.target > 0 && !c.v1) {
       int n = snprintf(target, sizeof(target), "<= %.0f: %s", c.target, verdict(m <= c.target));
       if (twin)
         snprintf(target + n, sizeof(target) - static_cast<size_t>(n), "; same run <= %.2fx v1m: %s",
-                 v1_ratio_target(c), verdict(m / median(twin->runs) <= v1_ratio_target(c)));
+                 v1_ratio_target(c), verdict(ratio_to_twin(c, *twin) <= v1_ratio_target(c)));
     } else if (base && c.layout == Layout::kAdjacent && !c.v1) {
       snprintf(target, sizeof(target), "no cliff (<= %.2fx 1 proc): %s", kTargetNoCliff,
                verdict(cpu_ratio_to_1proc(c, *base) <= kTargetNoCliff));
@@ -211,7 +218,7 @@ bool write_json(const std::string& path, const RunInfo& info, const std::vector<
             base ? m / median(base->runs) : 1.0, base ? cpu_ratio_to_1proc(c, *base) : 1.0, c.target);
     if (twin)
       fprintf(f, "\n     \"v1_model_ns_median\": %.3f, \"ratio_to_v1_model\": %.3f, \"same_run_target_ratio\": %.3f,",
-              median(twin->runs), m / median(twin->runs), v1_ratio_target(c));
+              median(twin->runs), ratio_to_twin(c, *twin), v1_ratio_target(c));
     fprintf(f, " \"runs\": ");
     json_array(f, c.runs);
     fprintf(f, "}%s\n", i + 1 < cs.size() ? "," : "");

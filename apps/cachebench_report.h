@@ -46,6 +46,9 @@ struct Case {
 // The v1 model's line that a ucmcache line is compared with in the same run
 // (same op, layout, keys, processes and fill; misses: v1 had only the ring).
 const Case* v1_twin(const std::vector<Case>& cs, const Case& c);
+// A ucmcache line over its twin: the median of the per-rep ratios (each
+// twin runs right after its line, once per rep).
+double ratio_to_twin(const Case& c, const Case& twin);
 // The same-run form of a target: a line must be at most target/anchor times
 // the v1 model's (hit: 30/35, miss: 80/80).
 double v1_ratio_target(const Case& c);

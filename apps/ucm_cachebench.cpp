@@ -698,8 +698,23 @@ int run(int argc, char** argv) {
   if (o.ops) {
     for (Case& c : make_cases())
       if (o.filter.empty() || c.name.find(o.filter) != std::string::npos) cases.push_back(std::move(c));
-    for (int rep = 0; rep < o.reps; ++rep)
-      for (Case& c : cases) run_case(&c, o);
+    // Each ucmcache line runs right before its v1 twin (once per rep), so a
+    // pair sees the machine in the same state and their per-rep ratio holds
+    // even while the host's speed drifts.
+    for (int rep = 0; rep < o.reps; ++rep) {
+      std::vector<bool> done(cases.size(), false);
+      for (size_t i = 0; i < cases.size(); ++i) {
+        if (cases[i].v1) continue;
+        run_case(&cases[i], o);
+        if (const Case* t = v1_twin(cases, cases[i])) {
+          const size_t ti = static_cast<size_t>(t - cases.data());
+          if (!done[ti]) run_case(&cases[ti], o);
+          done[ti] = true;
+        }
+      }
+      for (size_t i = 0; i < cases.size(); ++i)
+        if (cases[i].v1 && !done[i]) run_case(&cases[i], o);  // a v1 line without a twin (--filter)
+    }
     print_ops(cases);
   }
   WakeResult fw{}, pw{};
