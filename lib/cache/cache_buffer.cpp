@@ -308,10 +308,12 @@ void CacheBuffer::release(uint32_t slot) {
   std::atomic<uint32_t>& word = c.slot(slot).word;
   uint32_t w = word.load(std::memory_order_acquire);
   const bool mine = word_owner(w) == opts_.rank;
-  // Which reference goes: the rank's pins first, the owner's hold when this
-  // rank has no pin left on the slot (which of its threads took which does
-  // not matter: references are counted per rank).
-  if (mine && (w & kWordHold) && c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 0) {
+  // Which reference goes: references are counted per rank, so which of its
+  // threads took which does not matter. A finished load drops the hold; an
+  // unfinished one drops the rank's pins first, so that the hold, its last
+  // reference, decides to abandon the load.
+  if (mine && (w & kWordHold) &&
+      (word_state(w) != State::kIdle || c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 0)) {
     for (;;) {
       // Our last reference to a load we own and never finished abandons it
       // (Failed, waiters take over).

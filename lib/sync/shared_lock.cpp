@@ -47,10 +47,7 @@ Result shared_lock(std::atomic<uint32_t>* word, uint32_t holder_id, uint64_t dea
   }
 }
 
-void shared_unlock(std::atomic<uint32_t>* word) {
-  uint32_t old = word->exchange(0, std::memory_order_release);
-  if (old & kLockContended) futex_wake(word, 1);
-}
+void shared_unlock_wake(std::atomic<uint32_t>* word) { futex_wake(word, 1); }
 
 bool shared_lock_steal(std::atomic<uint32_t>* word, uint32_t dead_holder_id, uint32_t new_holder_id) {
   uint32_t c = word->load(std::memory_order_relaxed);

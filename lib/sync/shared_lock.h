@@ -44,7 +44,14 @@ inline bool shared_try_lock(std::atomic<uint32_t>* word, uint32_t holder_id) {
                                        std::memory_order_relaxed);
 }
 
-void shared_unlock(std::atomic<uint32_t>* word);
+// The wake half of shared_unlock, out of line: only a contended unlock needs it.
+void shared_unlock_wake(std::atomic<uint32_t>* word);
+
+// Inline: every miss unlocks one or two buckets.
+inline void shared_unlock(std::atomic<uint32_t>* word) {
+  const uint32_t old = word->exchange(0, std::memory_order_release);
+  if (old & kLockContended) shared_unlock_wake(word);
+}
 
 // Takes over a lock whose holder is `dead_holder_id` (recovery only). Returns
 // false if the word no longer names that holder.
