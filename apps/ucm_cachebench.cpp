@@ -234,20 +234,57 @@ void attach_cache(const NodeCache& parent, NodeCache* out) {
   check(out->ctrl.join(1), "join rank 1");
 }
 
+// The two indexes behind one face, so that every case is written once and
+// both run exactly the same loop. get() answers the kind, the slot and
+// whether a resident key was evicted; a call that fails counts as kOther.
+enum class Got { kHit, kOwner, kOther };
+
+struct UcmIndex {
+  CacheBuffer& cb;
+  Got get(const Key& k, uint32_t* slot, bool* evicted) {
+    GetResult g;
+    const Result r = cb.get(k, &g);
+    *slot = g.slot;
+    *evicted = g.evicted;
+    if (r != Result::kOk) return Got::kOther;
+    return g.kind == GetKind::kHit ? Got::kHit : g.kind == GetKind::kOwner ? Got::kOwner : Got::kOther;
+  }
+  bool mark_ready(uint32_t slot) { return cb.mark_ready(slot) == Result::kOk; }
+  void release(uint32_t slot) { cb.release(slot); }
+  void* data_at(uint32_t slot) const { return cb.data_at(slot); }
+};
+
+struct V1ModelIndex {
+  V1Index& ix;
+  const BufferData& data;  // the same data plane as ucmcache's, for the fill
+  Got get(const Key& k, uint32_t* slot, bool* evicted) {
+    const V1Index::Outcome o = ix.get(k, slot, evicted);
+    return o == V1Index::Outcome::kHit ? Got::kHit : o == V1Index::Outcome::kOwner ? Got::kOwner : Got::kOther;
+  }
+  bool mark_ready(uint32_t slot) {
+    ix.mark_ready(slot);
+    return true;
+  }
+  void release(uint32_t slot) { ix.release(slot); }
+  void* data_at(uint32_t slot) const { return data.at(slot); }
+};
+
 // Loads key j into slot j for every regular slot (8 bytes written per slot,
 // which also faults the data pages in before anything is timed).
-void fill_in_order(CacheBuffer& cb) {
-  for (uint32_t j = 0; j < cb.ctrl().regular_slots(); ++j) {
-    GetResult g;
-    check(cb.get(make_key(j), &g), "fill get");
-    if (g.kind != GetKind::kOwner || g.slot != j) {
-      fprintf(stderr, "fill: key %u went to slot %u (kind %d), expected slot %u as owner\n", j, g.slot,
-              static_cast<int>(g.kind), j);
+template <class Index>
+void fill_in_order(Index& ix) {
+  for (uint32_t j = 0; j < kSlots; ++j) {
+    uint32_t slot;
+    bool evicted;
+    const Got got = ix.get(make_key(j), &slot, &evicted);
+    if (got != Got::kOwner || slot != j) {
+      fprintf(stderr, "fill: key %u went to slot %u (kind %d: %s), expected slot %u as owner\n", j, slot,
+              static_cast<int>(got), last_error().c_str(), j);
       exit(1);
     }
-    *static_cast<volatile uint64_t*>(cb.data_at(g.slot)) = j;
-    check(cb.mark_ready(g.slot), "fill mark_ready");
-    cb.release(g.slot);
+    *static_cast<volatile uint64_t*>(ix.data_at(slot)) = j;
+    if (!ix.mark_ready(slot)) die("fill mark_ready");
+    ix.release(slot);
   }
 }
 
@@ -325,79 +362,18 @@ uint32_t hit_slot(Layout l, uint32_t j, int rank) {
   return 0;
 }
 
-bool hit_body(const Case& c, uint64_t run_ns, CacheBuffer& cb, int rank) {
-  std::vector<Key> keys;
-  for (uint32_t j = 0; j < c.keys; ++j) {
-    const uint32_t s = hit_slot(c.layout, j, rank);
-    keys.push_back(make_key(s));
-    GetResult g;
-    check(cb.get(keys.back(), &g), "hit check get");
-    if (g.kind != GetKind::kHit || g.slot != s) {
-      fprintf(stderr, "%s: key of slot %u answered kind %d slot %u\n", c.name.c_str(), s, static_cast<int>(g.kind),
-              g.slot);
-      return false;
-    }
-    cb.release(g.slot);
-  }
-  if (!barrier(c.procs)) return false;
-  ProcResult& r = g_page->result[rank];
-  size_t j = 0;
-  uint64_t bad = 0;
-  timed_loop(run_ns, &r, [&] {
-    GetResult g;
-    if (cb.get(keys[j], &g) != Result::kOk || g.kind != GetKind::kHit) ++bad;
-    cb.release(g.slot);
-    if (++j == keys.size()) j = 0;
-  });
-  r.bad = bad;
-  return bad == 0;
-}
-
-bool miss_body(const Case& c, uint64_t run_ns, CacheBuffer& cb, int rank) {
-  uint64_t n = (static_cast<uint64_t>(rank) + 1) * kMissKeyBase;
-  if (!barrier(c.procs)) return false;
-  ProcResult& r = g_page->result[rank];
-  uint64_t bad = 0;
-  timed_loop(run_ns, &r, [&] {
-    GetResult g;
-    if (cb.get(make_key(n), &g) != Result::kOk || g.kind != GetKind::kOwner || !g.evicted) {
-      ++bad;
-      if (g.kind != GetKind::kOwner) return;
-    }
-    if (c.fill) *static_cast<volatile uint64_t*>(cb.data_at(g.slot)) = n;
-    ++n;
-    if (cb.mark_ready(g.slot) != Result::kOk) ++bad;
-    cb.release(g.slot);
-  });
-  r.bad = bad;
-  return bad == 0;
-}
-
-// ---- the same ops on the v1 model (v1_index.h) ----------------------------------
-
-void v1_fill_in_order(V1Index& ix, const BufferData& data) {
-  for (uint32_t j = 0; j < kSlots; ++j) {
-    uint32_t slot;
-    bool evicted;
-    if (ix.get(make_key(j), &slot, &evicted) != V1Index::Outcome::kOwner || slot != j) {
-      fprintf(stderr, "v1 model fill: key %u did not go to slot %u as owner\n", j, j);
-      exit(1);
-    }
-    *static_cast<volatile uint64_t*>(data.at(slot)) = j;
-    ix.mark_ready(slot);
-    ix.release(slot);
-  }
-}
-
-bool v1_hit_body(const Case& c, uint64_t run_ns, V1Index& ix, int rank) {
+template <class Index>
+bool hit_body(const Case& c, uint64_t run_ns, Index& ix, int rank) {
   std::vector<Key> keys;
   for (uint32_t j = 0; j < c.keys; ++j) {
     const uint32_t s = hit_slot(c.layout, j, rank);
     keys.push_back(make_key(s));
     uint32_t slot;
     bool evicted;
-    if (ix.get(keys.back(), &slot, &evicted) != V1Index::Outcome::kHit || slot != s) {
-      fprintf(stderr, "%s: key of slot %u is not a hit there\n", c.name.c_str(), s);
+    const Got got = ix.get(keys.back(), &slot, &evicted);
+    if (got != Got::kHit || slot != s) {
+      fprintf(stderr, "%s: key of slot %u answered kind %d slot %u: %s\n", c.name.c_str(), s, static_cast<int>(got),
+              slot, last_error().c_str());
       return false;
     }
     ix.release(slot);
@@ -409,33 +385,43 @@ bool v1_hit_body(const Case& c, uint64_t run_ns, V1Index& ix, int rank) {
   timed_loop(run_ns, &r, [&] {
     uint32_t slot;
     bool evicted;
-    if (ix.get(keys[j], &slot, &evicted) != V1Index::Outcome::kHit) ++bad;
-    ix.release(slot);
-    if (++j == keys.size()) j = 0;
-  });
-  r.bad = bad;
-  return bad == 0;
-}
-
-bool v1_miss_body(const Case& c, uint64_t run_ns, V1Index& ix, const BufferData& data, int rank) {
-  uint64_t n = (static_cast<uint64_t>(rank) + 1) * kMissKeyBase;
-  if (!barrier(c.procs)) return false;
-  ProcResult& r = g_page->result[rank];
-  uint64_t bad = 0;
-  timed_loop(run_ns, &r, [&] {
-    uint32_t slot;
-    bool evicted;
-    if (ix.get(make_key(n), &slot, &evicted) != V1Index::Outcome::kOwner || !evicted) {
+    if (ix.get(keys[j], &slot, &evicted) != Got::kHit) {
       ++bad;
       return;
     }
-    if (c.fill) *static_cast<volatile uint64_t*>(data.at(slot)) = n;
+    ix.release(slot);
+    if (++j == keys.size()) j = 0;
+  });
+  r.bad = bad;
+  return bad == 0;
+}
+
+template <class Index>
+bool miss_body(const Case& c, uint64_t run_ns, Index& ix, int rank) {
+  uint64_t n = (static_cast<uint64_t>(rank) + 1) * kMissKeyBase;
+  if (!barrier(c.procs)) return false;
+  ProcResult& r = g_page->result[rank];
+  uint64_t bad = 0;
+  timed_loop(run_ns, &r, [&] {
+    uint32_t slot;
+    bool evicted;
+    const Got got = ix.get(make_key(n), &slot, &evicted);
+    if (got != Got::kOwner || !evicted) {
+      ++bad;
+      if (got != Got::kOwner) return;
+    }
+    if (c.fill) *static_cast<volatile uint64_t*>(ix.data_at(slot)) = n;
     ++n;
-    ix.mark_ready(slot);
+    if (!ix.mark_ready(slot)) ++bad;
     ix.release(slot);
   });
   r.bad = bad;
   return bad == 0;
+}
+
+template <class Index>
+bool case_body(const Case& c, uint64_t run_ns, Index& ix, int rank) {
+  return c.kind == OpKind::kHit ? hit_body(c, run_ns, ix, rank) : miss_body(c, run_ns, ix, rank);
 }
 
 void run_case(Case* c, const Options& o) {
@@ -448,19 +434,24 @@ void run_case(Case* c, const Options& o) {
       perror("v1 model: create");
       exit(1);
     }
-    v1_fill_in_order(*v1, nc.data);
+    V1ModelIndex ix{*v1, nc.data};
+    fill_in_order(ix);
   } else {
     CacheBuffer loader(&nc.ctrl, &nc.data, CacheOptions{});
-    fill_in_order(loader);
+    UcmIndex ix{loader};
+    fill_in_order(ix);
   }
   fresh_page();
   const uint64_t run_ns = o.run_ms * 1000000ull;
   CacheOptions o0, o1;
   o1.rank = 1;
   const bool ok = run_ranks(nc, c->procs, o0, o1, [&](CacheBuffer& cb, int rank) {
-    if (v1) return c->kind == OpKind::kHit ? v1_hit_body(*c, run_ns, *v1, rank)
-                                           : v1_miss_body(*c, run_ns, *v1, nc.data, rank);
-    return c->kind == OpKind::kHit ? hit_body(*c, run_ns, cb, rank) : miss_body(*c, run_ns, cb, rank);
+    if (v1) {
+      V1ModelIndex ix{*v1, nc.data};
+      return case_body(*c, run_ns, ix, rank);
+    }
+    UcmIndex ix{cb};
+    return case_body(*c, run_ns, ix, rank);
   });
   V1Index::destroy(v1);
   if (!ok) {
