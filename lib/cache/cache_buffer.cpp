@@ -306,43 +306,55 @@ void CacheBuffer::release(uint32_t slot) {
   const BufferCtrl& c = *ctrl_;
   if (slot >= c.total_slots()) return;
   std::atomic<uint32_t>& word = c.slot(slot).word;
+  std::atomic<uint32_t>& row = c.pin(opts_.rank, slot);
+  // References are counted per rank: the hold (an owner's, in the word) plus
+  // the rank's pin row. Each release drops exactly one of them, decided by a
+  // CAS on the place it drops it from, so two threads of the rank releasing
+  // at once never both take the same one (a leak) or both skip it.
   uint32_t w = word.load(std::memory_order_acquire);
-  const bool mine = word_owner(w) == opts_.rank;
-  // Which reference goes: references are counted per rank, so which of its
-  // threads took which does not matter. A finished load drops the hold; an
-  // unfinished one drops the rank's pins first, so that the hold, its last
-  // reference, decides to abandon the load.
-  if (mine && (w & kWordHold) &&
-      (word_state(w) != State::kIdle || c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 0)) {
-    for (;;) {
-      // Our last reference to a load we own and never finished abandons it
-      // (Failed, waiters take over).
+  // A finished load of ours: the hold goes first, without reading the row.
+  while (word_owner(w) == opts_.rank && (w & kWordHold) && word_state(w) != State::kIdle) {
+    if (word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
+      if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+      return;
+    }
+  }
+  uint32_t n = row.load(std::memory_order_relaxed);
+  for (;;) {
+    if (n == 0) {
+      // No pin left: our reference is the hold of a load we own.
+      w = word.load(std::memory_order_acquire);
+      if (word_owner(w) != opts_.rank || !(w & kWordHold)) {
+        // The hold became a pin (mark_failed) or was dropped by recovery.
+        n = row.load(std::memory_order_acquire);
+        if (n == 0) return;  // nothing of ours left to drop
+        continue;
+      }
+      // Our last reference to a load we never finished abandons it.
       const bool abandon = word_state(w) == State::kIdle;
       const uint32_t nw = abandon ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
-      if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
+      if (word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {
         if (w & kWordWaiters) futex_wake(&word, kWakeAll);
         if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
         return;
       }
-      if (!(w & kWordHold) || word_owner(w) != opts_.rank) break;  // recovered under us: nothing left to drop
+      n = row.load(std::memory_order_relaxed);
+      continue;
     }
-    return;
-  }
-  // A pin. The common case (a hit: Ready) is one load and the unpin. Only a
-  // load this rank owns and never finished needs a look at our pin count: our
-  // last reference abandons it, decided before the unpin, while the slot
-  // cannot be re-keyed under us.
-  if (word_state(w) == State::kIdle && mine && !(w & kWordHold) &&
-      c.pin(opts_.rank, slot).load(std::memory_order_relaxed) == 1) {
-    while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !(w & kWordHold)) {
-      if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
-        futex_wake(&word, kWakeAll);
-        UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
-        break;
+    if (n == 1) {
+      // Our last pin on a load we own without a hold: abandon it before the
+      // unpin, while the slot cannot be re-keyed under us.
+      w = word.load(std::memory_order_acquire);
+      while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !(w & kWordHold)) {
+        if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
+          futex_wake(&word, kWakeAll);
+          UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
+          break;
+        }
       }
     }
+    if (row.compare_exchange_weak(n, n - 1, std::memory_order_release, std::memory_order_relaxed)) return;
   }
-  unpin_slot(c, opts_.rank, slot);
 }
 
 size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {

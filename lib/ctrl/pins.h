@@ -50,10 +50,14 @@ inline bool slot_held(const BufferCtrl& c, uint32_t i, std::memory_order mo = st
   return (c.slot(i).word.load(mo) & kWordHold) != 0;
 }
 
+// The hold is read first: a reference moves from the hold to a pin row
+// (add_pin then a release that drops the hold; mark_failed), never back, so
+// a reader that finds the hold gone then sees the pin that replaced it.
 inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
+  if (slot_held(c, i, mo == std::memory_order_relaxed ? std::memory_order_relaxed : std::memory_order_seq_cst)) return true;
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
     if (c.pin(r, i).load(mo) != 0) return true;
-  return slot_held(c, i, mo);
+  return false;
 }
 
 inline uint32_t pin_count(const BufferCtrl& c, uint32_t i) {

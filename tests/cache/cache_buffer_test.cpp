@@ -352,8 +352,66 @@ TEST(CacheThreads, ManyThreadsOfOneRankShareItsPins) {
     });
   for (auto& t : ts) t.join();
   EXPECT_EQ(bad.load(), 0u);
-  for (uint32_t s = 0; s < 32; ++s) EXPECT_EQ(pin_count(tc.ctrl, s), 0u) << "slot " << s;
+  for (uint32_t s = 0; s < 32; ++s) {
+    // Rows and holds apart: a row that wrapped to 0xffffffff plus a hold would sum to 0.
+    EXPECT_EQ(tc.ctrl.pin(0, s).load(), 0u) << "slot " << s;
+    EXPECT_FALSE(slot_held(tc.ctrl, s)) << "slot " << s;
+  }
 }
+
+// The load queue's I/O thread and copier release their two references to one
+// load at the same moment (one is the owner's hold, one a pin: which thread
+// drops which is not theirs to choose). Every round must end with no
+// reference left, and, when the load was never marked, with it abandoned.
+void release_race(bool mark) {
+  TestCache tc;
+  make_cache(params(64, 0, 64, 4, 2), &tc);
+  ASSERT_EQ(tc.ctrl.join(0), Result::kOk);
+  CacheBuffer cb(&tc.ctrl, &tc.data, CacheOptions{});
+  constexpr int kRounds = 20000;
+  std::atomic<int> go{0}, done{0};
+  std::atomic<uint32_t> slot{0};
+  std::thread peer([&] {
+    for (int i = 1; i <= kRounds; ++i) {
+      while (go.load(std::memory_order_acquire) < i) std::this_thread::yield();
+      cb.release(slot.load(std::memory_order_relaxed));
+      done.store(i, std::memory_order_release);
+    }
+  });
+  int lost = 0, left = 0, not_abandoned = 0;
+  for (int i = 1; i <= kRounds; ++i) {
+    GetResult g;
+    ASSERT_EQ(cb.get(key(1000 + static_cast<uint64_t>(i), 0), &g), Result::kOk) << "round " << i << ": " << last_error();
+    ASSERT_EQ(g.kind, GetKind::kOwner);
+    cb.add_pin(g.slot);  // as the queue does for the backend I/O
+    if (mark) {
+      ASSERT_EQ(cb.mark_ready(g.slot), Result::kOk);
+    }
+    slot.store(g.slot, std::memory_order_relaxed);
+    go.store(i, std::memory_order_release);
+    cb.release(g.slot);
+    while (done.load(std::memory_order_acquire) < i) std::this_thread::yield();
+    const uint32_t row = tc.ctrl.pin(0, g.slot).load();
+    const uint32_t w = tc.ctrl.slot(g.slot).word.load();
+    if (row != 0 || (w & kWordHold)) {
+      ++(row > 1000 ? lost : left);
+      break;  // the slot can no longer be evicted: later rounds would only repeat it
+    }
+    if (!mark && word_state(w) != State::kFailed) {
+      ++not_abandoned;
+      break;
+    }
+  }
+  go.store(kRounds, std::memory_order_release);
+  peer.join();
+  EXPECT_EQ(lost, 0) << "a pin row went below zero";
+  EXPECT_EQ(left, 0) << "a reference was never dropped";
+  EXPECT_EQ(not_abandoned, 0) << "the last reference to an unmarked load did not abandon it";
+  EXPECT_EQ(check_quiescent(tc.ctrl, &tc.data, QuiescentOptions{}), "");
+}
+
+TEST(CacheThreads, TwoThreadsReleaseAFinishedLoadAtOnce) { release_race(true); }
+TEST(CacheThreads, TwoThreadsReleaseAnUnfinishedLoadAtOnce) { release_race(false); }
 
 }  // namespace
 }  // namespace ucm::test
