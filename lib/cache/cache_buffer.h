@@ -10,7 +10,9 @@
 // The protocol, for one key:
 //   get(k)      -> kHit    Ready; pinned; read data_at(slot), then release().
 //               -> kOwner  this rank must fill data_at(slot), then mark_ready()
-//                          or mark_failed(), then release(). Pinned.
+//                          or mark_failed(), then release(). Holds the
+//                          owner's reference (the hold bit, layout.h),
+//                          which counts as a pin of this rank.
 //               -> kWaiter another rank is loading it; pinned. Loop on
 //                          wait_for_change(slot, word) until Ready (read,
 //                          release) or Failed (try_take_over() -> owner, or
@@ -74,7 +76,8 @@ class CacheBuffer {
   // A pinned waiter that saw Failed (or an unowned Idle) becomes the owner;
   // exactly one of the racing ranks wins.
   bool try_take_over(uint32_t slot, uint32_t observed);
-  // One more pin on a slot this rank already pins, for work that must outlive
+  // One more pin on a slot this rank already holds a reference to (a pin or
+  // the owner's hold), for work that must outlive
   // the caller's own pin (a backend I/O into the slot).
   void add_pin(uint32_t slot) { ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed); }
   // Drops one pin. The last pin of the owning rank on a slot it never marked

@@ -1,6 +1,7 @@
 #include "ctrl/buffer_ctrl.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "sync/futex.h"
 #include "sync/process_identity.h"
 
 namespace ucm {
@@ -108,6 +110,12 @@ uint64_t ctrl_fingerprint(const CtrlParams& p) {
 }
 
 std::atomic<uint64_t> g_ctrl_epoch{1};
+
+namespace {
+// A forked child inherits the parent's mappings and its per-thread state:
+// without a new epoch, parent and child would sweep the same hand run.
+const int g_fork_epoch = pthread_atfork(nullptr, nullptr, [] { g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed); });
+}  // namespace
 
 BufferCtrl::~BufferCtrl() { reset(); }
 
@@ -319,6 +327,25 @@ void BufferCtrl::finish_join(uint32_t r) {
 
 void BufferCtrl::leave(uint32_t r) {
   if (r >= max_ranks_) return;
+  uint64_t pins = 0, holds = 0, loads = 0;
+  for (uint32_t i = 0; i < total_; ++i) {
+    if (const uint32_t p = pin(r, i).exchange(0, std::memory_order_acq_rel); p != 0) pins += p;
+    std::atomic<uint32_t>& word = slots_[i].word;
+    uint32_t w = word.load(std::memory_order_acquire);
+    while (word_owner(w) == r && (word_state(w) == State::kIdle || (w & kWordHold))) {
+      const bool unfinished = word_state(w) == State::kIdle;
+      const uint32_t nw = unfinished ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
+      if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
+        ++(unfinished ? loads : holds);
+        if (unfinished || (w & kWordWaiters)) futex_wake(&word, kWakeAll);
+        break;
+      }
+    }
+  }
+  if (pins + holds + loads != 0)
+    UCM_WARN("local rank %u left %" PRIu64 " pin(s), %" PRIu64 " owner hold(s) and %" PRIu64
+             " unfinished load(s) behind: released (loads marked Failed)",
+             r, pins, holds, loads);
   RankRecord& rec = rank(r);
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);

@@ -83,7 +83,10 @@ class BufferCtrl {
   // rank while this process cleans them up (join_rank in recovery.h).
   [[nodiscard]] Result adopt_dead_record(uint32_t r);
   void finish_join(uint32_t r);
-  // Unregisters rank r. Its pins must already be released.
+  // Unregisters rank r. Its references should all be released by now; any
+  // left (a pin, an owner's hold, a load it owns and never marked) are
+  // released here as recovery would for a dead rank, and named in a warning,
+  // so that a leak cannot outlive the process that made it.
   void leave(uint32_t r);
   // True while rank r is registered by a process that still runs.
   bool rank_alive(uint32_t r) const;

@@ -45,7 +45,8 @@ bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot) {
 void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
                           bool accessed, bool hold) {
   SlotMeta& m = c.slot(slot);
-  // A claimed slot has no pins, hence no sleepers: no wake is needed here.
+  // A claimed slot has no pins and no hold (claim_slot read both), hence no
+  // sleepers: no wake is needed here.
   uint32_t w = m.word.load(std::memory_order_relaxed);
   m.word.store(word_next(w, s, owner) | (hold ? kWordHold : 0u), std::memory_order_relaxed);
   m.key_lo.store(k.block.lo, std::memory_order_relaxed);
@@ -86,7 +87,9 @@ bool detach_claimed(const BufferCtrl& c, uint32_t i, uint32_t locked_bucket, boo
 // other's lines) at every step. A run a thread never finishes (it exits, or
 // stops evicting) only means those slots are skipped on this lap. Runs are
 // short when the pool is small, so that ranks still interleave: a pool of
-// fewer than 8 slots per rank keeps the one-slot hand.
+// fewer than 8 slots per rank keeps the one-slot hand. The legacy ring keeps
+// it always: with no accessed bits, a run left unfinished would later evict
+// whatever was loaded since, not the oldest slot.
 struct HandRun {
   const std::atomic<uint64_t>* hand = nullptr;
   uint64_t epoch = 0;     // BufferCtrl epoch the run was taken in (a run never outlives its region)
@@ -95,16 +98,18 @@ struct HandRun {
 };
 thread_local HandRun t_runs[2];
 
-uint32_t run_length(const BufferCtrl& c, uint32_t n) {
+uint32_t run_length(const BufferCtrl& c, uint32_t n, bool second_chance) {
+  if (!second_chance) return 1;
   const uint32_t per_rank = n / (8 * c.max_ranks());
   return per_rank < 1 ? 1 : per_rank > 64 ? 64 : per_rank;
 }
 
 // The next position of the hand for this thread, in [0, n).
-inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uint64_t>& hand, uint32_t n) {
+inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uint64_t>& hand, uint32_t n,
+                              bool second_chance) {
   const uint64_t epoch = ctrl_epoch();
   if (run.left == 0 || run.hand != &hand || run.epoch != epoch) {
-    const uint32_t len = run_length(c, n);
+    const uint32_t len = run_length(c, n, second_chance);
     run.pos = static_cast<uint32_t>(hand.fetch_add(len, std::memory_order_relaxed) % n);
     run.left = len;
     run.hand = &hand;
@@ -119,7 +124,7 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
 uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
                      bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
   for (uint64_t step = 0; step < 2ull * n; ++step) {
-    const uint32_t i = first + next_position(run, c, hand, n);
+    const uint32_t i = first + next_position(run, c, hand, n, second_chance);
     if (second_chance && step < n) {
       std::atomic<uint8_t>& a = c.accessed(i);
       if (a.load(std::memory_order_relaxed)) {

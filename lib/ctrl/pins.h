@@ -13,6 +13,17 @@
 // In the single total order of these operations one side always sees the
 // other, so a slot is never re-keyed under a pin. A pinner then re-checks the
 // key: the slot may have been re-keyed before the pin landed.
+//
+// The owner's hold (kWordHold in the slot's futex word, layout.h) is one more
+// reference of the owner rank. Only the claimer sets it, when it installs a
+// key, so no pinner races it. It leaves the word by CAS: the owner's release,
+// mark_failed (which first turns it into a pin of the owner's row), or
+// recovery. A reference thus moves from the hold to a row, never back, and
+// an evictor reads the hold before the rows: if it finds the hold gone, it
+// has synchronized with the CAS that cleared it and sees the pin that took
+// its place. Each release() drops exactly one of the rank's references, by a
+// CAS on where it takes it from, so two threads of a rank releasing at once
+// never drop the same one.
 #pragma once
 
 #include <atomic>

@@ -233,6 +233,41 @@ TEST_F(TwoRanks, AnOwnerWithAnExtraPinAbandonsOnlyWithItsLastReference) {
   EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
 }
 
+TEST_F(TwoRanks, ALeavingRankReleasesWhatItStillHolds) {
+  // Rank 1 leaves with a hit's pin, a finished load's hold and an unfinished
+  // load; rank 0 waits on that load.
+  GetResult hit, done, loading, waiter;
+  ASSERT_EQ(r0_->get(key(900, 0), &hit), Result::kOk);
+  ASSERT_EQ(r0_->mark_ready(hit.slot), Result::kOk);
+  r0_->release(hit.slot);
+  ASSERT_EQ(r1_->get(key(900, 0), &hit), Result::kOk);
+  ASSERT_EQ(hit.kind, GetKind::kHit);
+  ASSERT_EQ(r1_->get(key(901, 0), &done), Result::kOk);
+  ASSERT_EQ(r1_->mark_ready(done.slot), Result::kOk);
+  ASSERT_EQ(r1_->get(key(902, 0), &loading), Result::kOk);
+  ASSERT_EQ(loading.kind, GetKind::kOwner);
+  ASSERT_EQ(r0_->get(key(902, 0), &waiter), Result::kOk);
+  ASSERT_EQ(waiter.kind, GetKind::kWaiter);
+  std::atomic<uint32_t> seen{0};
+  std::thread t([&] {
+    uint32_t w = waiter.word;
+    while (word_state(w) == State::kIdle)
+      if (r0_->wait_for_change(waiter.slot, w, deadline_after_ms(5000), &w) != Result::kOk) break;
+    seen.store(w);
+  });
+  tc_.ctrl.leave(1);
+  t.join();
+  EXPECT_EQ(word_state(seen.load()), State::kFailed) << "the waiter is woken by the abandoned load";
+  EXPECT_EQ(tc_.ctrl.pin(1, hit.slot).load(), 0u);
+  EXPECT_FALSE(slot_held(tc_.ctrl, done.slot));
+  EXPECT_EQ(word_state(tc_.ctrl.slot(done.slot).word.load()), State::kReady) << "a finished load stays served";
+  ASSERT_TRUE(r0_->try_take_over(waiter.slot, seen.load()));
+  ASSERT_EQ(r0_->mark_ready(waiter.slot), Result::kOk);
+  r0_->release(waiter.slot);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+  ASSERT_EQ(tc_.ctrl.join(1), Result::kOk);  // the fixture's rank 1 again, for TearDown's sake
+}
+
 TEST(CacheHold, ADeadOwnersHoldIsDroppedByRecovery) {
   TestCache tc;
   make_cache(params(4), &tc);
