@@ -319,6 +319,15 @@ void CacheBuffer::release(uint32_t slot) {
       return;
     }
   }
+  // A pin, unless this is a load of ours still in flight (the abandon rule
+  // below needs the count before the decrement). The hit's path: one RMW.
+  if (word_owner(w) != opts_.rank || word_state(w) != State::kIdle) {
+    if (row.fetch_sub(1, std::memory_order_release) != 0) return;
+    // We held no pin here. The hold of a finished load was taken above, so
+    // this is a release without a reference: undo, and let the loop below
+    // find nothing to drop (it never takes a count below zero).
+    row.fetch_add(1, std::memory_order_relaxed);
+  }
   uint32_t n = row.load(std::memory_order_relaxed);
   for (;;) {
     if (n == 0) {
