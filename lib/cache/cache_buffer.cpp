@@ -319,17 +319,26 @@ void CacheBuffer::release(uint32_t slot) {
       return;
     }
   }
-  // A pin, unless this is a load of ours still in flight (the abandon rule
-  // below needs the count before the decrement). The hit's path: one RMW.
-  if (word_owner(w) != opts_.rank || word_state(w) != State::kIdle) {
+  // A pin on a Ready slot (a hit's path): one RMW. Ready cannot change while
+  // we hold a reference, so no abandon decision can hang on this pin. Any
+  // other state goes to the guarded loop: a Failed slot may be taken over by
+  // another thread of this rank between our read and our decrement, and then
+  // the count before the decrement decides whether its load is abandoned.
+  if (word_state(w) == State::kReady) {
     if (row.fetch_sub(1, std::memory_order_release) != 0) return;
-    // We held no pin here. The hold of a finished load was taken above, so
-    // this is a release without a reference: undo, and let the loop below
-    // find nothing to drop (it never takes a count below zero).
+    // We held no pin here: the hold of a finished load was taken above, so
+    // this is a release without a reference (a caller's error). Undo; the
+    // loop below waits out the transient and finds nothing to drop.
     row.fetch_add(1, std::memory_order_relaxed);
   }
   uint32_t n = row.load(std::memory_order_relaxed);
   for (;;) {
+    if (n > kMaxPinsPerRank) {
+      // Another thread's undo of a decrement from zero, in flight: wait it out.
+      cpu_relax();
+      n = row.load(std::memory_order_relaxed);
+      continue;
+    }
     if (n == 0) {
       // No pin left: our reference is the hold of a load we own.
       w = word.load(std::memory_order_acquire);

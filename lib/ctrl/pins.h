@@ -21,9 +21,12 @@
 // recovery. A reference thus moves from the hold to a row, never back, and
 // an evictor reads the hold before the rows: if it finds the hold gone, it
 // has synchronized with the CAS that cleared it and sees the pin that took
-// its place. Each release() drops exactly one of the rank's references, by a
-// CAS on where it takes it from, so two threads of a rank releasing at once
-// never drop the same one.
+// its place. Each release() drops exactly one of the rank's references: the
+// hold by a CAS on the word, a pin on a Ready slot by one fetch_sub (Ready
+// cannot change under a reference), any other pin by a CAS on the row that
+// re-decides the abandon rule on the count it replaces. Two threads of a rank
+// releasing at once thus never drop the same reference, and never both skip
+// abandoning a load.
 #pragma once
 
 #include <atomic>

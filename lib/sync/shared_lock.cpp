@@ -14,7 +14,7 @@ Result shared_lock(std::atomic<uint32_t>* word, uint32_t holder_id, uint64_t dea
     return Result::kOk;
   // Brief spin: critical sections are a few hundred nanoseconds.
   for (int i = 0; i < 64; ++i) {
-    __builtin_ia32_pause();
+    cpu_relax();
     c = word->load(std::memory_order_relaxed);
     if (c == 0 && word->compare_exchange_weak(c, holder_id, std::memory_order_acquire, std::memory_order_relaxed))
       return Result::kOk;

@@ -24,6 +24,15 @@ constexpr uint32_t kLockHolderMask = 0x7fffffffu;
 
 inline uint32_t lock_holder(uint32_t word) { return word & kLockHolderMask; }
 
+// One polite step of a short spin.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 using HolderAliveFn = bool (*)(void* ctx, uint32_t holder_id);
 
 struct LockWaitPolicy {

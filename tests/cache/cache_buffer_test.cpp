@@ -445,6 +445,53 @@ void release_race(bool mark) {
   EXPECT_EQ(check_quiescent(tc.ctrl, &tc.data, QuiescentOptions{}), "");
 }
 
+// A Failed load of rank 0 has two of its pins. Thread T takes it over and
+// releases without marking it, while thread A drops its pin, having read the
+// word while it was still Failed. The last of the two references must
+// abandon T's load (Failed, waiters woken), whichever lands last.
+TEST(CacheThreads, AReleaseRacingATakeoverStillAbandonsIt) {
+  TestCache tc;
+  make_cache(params(64, 0, 64, 4, 2), &tc);
+  ASSERT_EQ(tc.ctrl.join(0), Result::kOk);
+  CacheBuffer cb(&tc.ctrl, &tc.data, CacheOptions{});
+  constexpr int kRounds = 100000;
+  std::atomic<int> go{0}, done{0};
+  std::atomic<uint32_t> slot{0};
+  std::thread a([&] {
+    for (int i = 1; i <= kRounds; ++i) {
+      // A tight spin (no yield, no pause): the race is a few instructions wide.
+      while (go.load(std::memory_order_acquire) < i) {
+      }
+      cb.release(slot.load(std::memory_order_relaxed));
+      done.store(i, std::memory_order_release);
+    }
+  });
+  int not_abandoned = 0, left = 0;
+  for (int i = 1; i <= kRounds; ++i) {
+    GetResult g;
+    ASSERT_EQ(cb.get(key(5000 + static_cast<uint64_t>(i), 0), &g), Result::kOk) << last_error();
+    ASSERT_EQ(g.kind, GetKind::kOwner);
+    ASSERT_EQ(cb.mark_failed(g.slot), Result::kOk);  // the hold becomes A's pin
+    cb.add_pin(g.slot);                              // T's pin (a waiter's)
+    const uint32_t failed = tc.ctrl.slot(g.slot).word.load();
+    // Sequentially consistent stores (a full fence each) before the takeover
+    // give A the moment it needs to read the word while it is still Failed.
+    slot.store(g.slot);
+    go.store(i);
+    ASSERT_TRUE(cb.try_take_over(g.slot, failed));
+    cb.release(g.slot);  // T never marks its load
+    while (done.load(std::memory_order_acquire) < i) {
+    }
+    if (word_state(tc.ctrl.slot(g.slot).word.load()) != State::kFailed) ++not_abandoned;
+    if (tc.ctrl.pin(0, g.slot).load() != 0) ++left;
+    if (not_abandoned + left) break;
+  }
+  go.store(kRounds, std::memory_order_release);
+  a.join();
+  EXPECT_EQ(not_abandoned, 0) << "an unmarked load kept its owner with no reference left";
+  EXPECT_EQ(left, 0);
+}
+
 TEST(CacheThreads, TwoThreadsReleaseAFinishedLoadAtOnce) { release_race(true); }
 TEST(CacheThreads, TwoThreadsReleaseAnUnfinishedLoadAtOnce) { release_race(false); }
 
