@@ -332,9 +332,11 @@ void CacheBuffer::release(uint32_t slot) {
     row.fetch_add(1, std::memory_order_relaxed);
   }
   uint32_t n = row.load(std::memory_order_relaxed);
-  for (;;) {
-    if (n > kMaxPinsPerRank) {
-      // Another thread's undo of a decrement from zero, in flight: wait it out.
+  for (int spins = 0;;) {
+    if (n > kMaxPinsPerRank && spins < 100000) {
+      // Another thread's undo of a decrement from zero, in flight: wait it
+      // out (bounded: a row corrupted some other way must not hang us).
+      ++spins;
       cpu_relax();
       n = row.load(std::memory_order_relaxed);
       continue;
