@@ -69,6 +69,7 @@
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
+#include "sync/spin.h"
 #include "v1_index.h"
 
 namespace ucm::bench {
@@ -144,12 +145,6 @@ SharedPage* fresh_page() {
     g_page = static_cast<SharedPage*>(p);
   }
   return new (g_page) SharedPage();
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
 }
 
 // Spins (politely) until pred() holds; false if the peer aborted or it took too long.

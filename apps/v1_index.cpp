@@ -6,17 +6,12 @@
 #include <new>
 
 #include "ctrl/layout.h"
+#include "sync/spin.h"
 
 namespace ucm::bench {
 namespace {
 
 size_t align64(size_t x) { return (x + 63) & ~size_t{63}; }
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "ctrl/recovery.h"
 #include "sync/futex.h"
 #include "sync/shared_lock.h"
+#include "sync/spin.h"
 
 namespace ucm {
 namespace {

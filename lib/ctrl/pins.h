@@ -68,7 +68,7 @@ inline bool slot_held(const BufferCtrl& c, uint32_t i, std::memory_order mo = st
 // (add_pin then a release that drops the hold; mark_failed), never back, so
 // a reader that finds the hold gone then sees the pin that replaced it.
 inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
-  if (slot_held(c, i, mo == std::memory_order_relaxed ? std::memory_order_relaxed : std::memory_order_seq_cst)) return true;
+  if (slot_held(c, i, mo)) return true;
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
     if (c.pin(r, i).load(mo) != 0) return true;
   return false;

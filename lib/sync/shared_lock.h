@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/result.h"
+#include "sync/spin.h"
 
 namespace ucm {
 
@@ -23,15 +24,6 @@ constexpr uint32_t kLockContended = 0x80000000u;
 constexpr uint32_t kLockHolderMask = 0x7fffffffu;
 
 inline uint32_t lock_holder(uint32_t word) { return word & kLockHolderMask; }
-
-// One polite step of a short spin.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 using HolderAliveFn = bool (*)(void* ctx, uint32_t holder_id);
 

@@ -30,6 +30,8 @@
 
 #include <gtest/gtest.h>
 
+#include "sync/spin.h"
+
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "sync/futex.h"
@@ -66,7 +68,6 @@ class Shared {
   T* p_ = nullptr;
 };
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
 
 // A counter that only grows; waiters block (spin, then futex) until it
 // reaches a target. post() stores, then wakes: a waiter that read the old value
