@@ -12,7 +12,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "sync/futex.h"
+#include "ctrl/pins.h"
 #include "sync/process_identity.h"
 
 namespace ucm {
@@ -327,25 +327,12 @@ void BufferCtrl::finish_join(uint32_t r) {
 
 void BufferCtrl::leave(uint32_t r) {
   if (r >= max_ranks_) return;
-  uint64_t pins = 0, holds = 0, loads = 0;
-  for (uint32_t i = 0; i < total_; ++i) {
-    if (const uint32_t p = pin(r, i).exchange(0, std::memory_order_acq_rel); p != 0) pins += p;
-    std::atomic<uint32_t>& word = slots_[i].word;
-    uint32_t w = word.load(std::memory_order_acquire);
-    while (word_owner(w) == r && (word_state(w) == State::kIdle || (w & kWordHold))) {
-      const bool unfinished = word_state(w) == State::kIdle;
-      const uint32_t nw = unfinished ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
-      if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
-        ++(unfinished ? loads : holds);
-        if (unfinished || (w & kWordWaiters)) futex_wake(&word, kWakeAll);
-        break;
-      }
-    }
-  }
-  if (pins + holds + loads != 0)
+  DroppedRefs d;
+  for (uint32_t i = 0; i < total_; ++i) drop_rank_refs(*this, i, 1u << r, &d);
+  if (d.pins + d.holds + d.loads != 0)
     UCM_WARN("local rank %u left %" PRIu64 " pin(s), %" PRIu64 " owner hold(s) and %" PRIu64
              " unfinished load(s) behind: released (loads marked Failed)",
-             r, pins, holds, loads);
+             r, d.pins, d.holds, d.loads);
   RankRecord& rec = rank(r);
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);

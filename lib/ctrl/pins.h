@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "ctrl/buffer_ctrl.h"
+#include "sync/futex.h"
 
 namespace ucm {
 
@@ -78,6 +79,36 @@ inline uint32_t pin_count(const BufferCtrl& c, uint32_t i) {
   uint32_t n = slot_held(c, i) ? 1 : 0;
   for (uint32_t r = 0; r < c.max_ranks(); ++r) n += c.pin(r, i).load(std::memory_order_relaxed);
   return n;
+}
+
+// What drop_rank_refs() released.
+struct DroppedRefs {
+  uint64_t pins = 0;
+  uint64_t holds = 0;
+  uint64_t loads = 0;  // unfinished loads marked Failed
+};
+
+// Releases every reference the ranks in `rank_mask` hold on slot i, for ranks
+// that will never release them themselves (dead, or leaving): their pins, an
+// owner's hold, and a load one of them owns and never marked, which becomes
+// Failed with its sleepers woken, so that a waiter takes it over.
+inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, DroppedRefs* out) {
+  for (uint32_t r = 0; r < c.max_ranks(); ++r)
+    if ((rank_mask >> r) & 1u) out->pins += c.pin(r, i).exchange(0, std::memory_order_acq_rel);
+  std::atomic<uint32_t>& word = c.slot(i).word;
+  uint32_t w = word.load(std::memory_order_acquire);
+  for (;;) {
+    const uint32_t owner = word_owner(w);
+    if (owner == kNoOwner || !((rank_mask >> owner) & 1u)) return;
+    const bool unfinished = word_state(w) == State::kIdle;
+    if (!unfinished && !(w & kWordHold)) return;
+    const uint32_t nw = unfinished ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
+    if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
+      ++(unfinished ? out->loads : out->holds);
+      if (unfinished || (w & kWordWaiters)) futex_wake(&word, kWakeAll);
+      return;
+    }
+  }
 }
 
 // Claims slot i for `holder` if nobody claims or pins it.

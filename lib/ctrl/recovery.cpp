@@ -145,9 +145,8 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
   }
 
   // 3. Slots: pins, claims, loads in flight.
+  DroppedRefs dropped;
   for (uint32_t i = 0; i < c.total_slots(); ++i) {
-    for (uint32_t r = 0; r < c.max_ranks(); ++r)
-      if ((dead_mask >> r) & 1u) c.pin(r, i).store(0, std::memory_order_release);
     SlotMeta& s = c.slot(i);
     if (is_dead_holder(s.claim.load(std::memory_order_acquire), dead_mask)) {
       if (s.shard.load(std::memory_order_relaxed) == kEmptyShard) {
@@ -162,20 +161,7 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
         shared_unlock(&c.bucket(b).lock);
       }
     }
-    uint32_t w = s.word.load(std::memory_order_acquire);
-    while (word_state(w) == State::kIdle && word_owner(w) != kNoOwner && ((dead_mask >> word_owner(w)) & 1u)) {
-      if (s.word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
-        futex_wake(&s.word, kWakeAll);
-        break;
-      }
-    }
-    // A dead owner's hold on a finished load is one of its references.
-    while ((w & kWordHold) && word_owner(w) != kNoOwner && ((dead_mask >> word_owner(w)) & 1u)) {
-      if (s.word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
-        if (w & kWordWaiters) futex_wake(&s.word, kWakeAll);
-        break;
-      }
-    }
+    drop_rank_refs(c, i, dead_mask, &dropped);
   }
 
   // 4. Records (not the ones the caller adopted).
