@@ -211,13 +211,9 @@ void half_load(CacheBuffer& cb, uint32_t slot, const Key& k) {
   fill_pattern(cb.data_at(slot), bytes, k, 0, bytes / 16);
 }
 
-TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
-  TestCache tc;
-  make_cache(params(64, 8, 4096), &tc);
-  Shared<OwnerShared> sh;
-  const Key K = key(11, 2);
-  Children ch;
-
+// Rank 1 in a child: owns K, half-loads it, then sleeps and never marks or
+// releases it. Returns the child once its load is under way, else -1.
+pid_t spawn_half_loading_owner(Children& ch, const TestCache& tc, OwnerShared* sh, const Key& K) {
   const pid_t owner = ch.spawn([&] {
     TestCache mine;
     join_as(tc, 1, &mine);
@@ -228,9 +224,20 @@ TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
     half_load(cb, g.slot, K);
     sh->slot.store(g.slot);
     sh->owning.set(1);
-    sleep_forever();  // never marks, never releases
+    sleep_forever();
   });
-  ASSERT_TRUE(sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  return sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)) ? owner : -1;
+}
+
+TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
+  TestCache tc;
+  make_cache(params(64, 8, 4096), &tc);
+  Shared<OwnerShared> sh;
+  const Key K = key(11, 2);
+  Children ch;
+
+  const pid_t owner = spawn_half_loading_owner(ch, tc, sh.get(), K);
+  ASSERT_NE(owner, -1) << "the owner never reported its load";
 
   const uint32_t waiter_ranks[kOwnerWaiters] = {0, 2, 3};
   pid_t waiters[kOwnerWaiters];
@@ -283,19 +290,8 @@ TEST(SigKill, LateGetOfAKilledOwnersKeyTakesTheLoadOver) {
   Shared<OwnerShared> sh;
   const Key K = key(12, 5);
   Children ch;
-  const pid_t owner = ch.spawn([&] {
-    TestCache mine;
-    join_as(tc, 1, &mine);
-    CacheBuffer cb = cache_for(mine, 1);
-    GetResult g;
-    ASSERT_EQ(cb.get(K, &g), Result::kOk) << last_error();
-    ASSERT_EQ(g.kind, GetKind::kOwner);
-    half_load(cb, g.slot, K);
-    sh->slot.store(g.slot);
-    sh->owning.set(1);
-    sleep_forever();
-  });
-  ASSERT_TRUE(sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  const pid_t owner = spawn_half_loading_owner(ch, tc, sh.get(), K);
+  ASSERT_NE(owner, -1) << "the owner never reported its load";
   ch.kill_now(owner);
   // The kill is not noticed yet: the slot still says "loading, owner 1".
   const uint32_t slot = sh->slot.load();
