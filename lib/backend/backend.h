@@ -10,7 +10,10 @@
 // Stores are chosen by a spec string, "scheme:args":
 //   sim:latency_us=500,gbps=4,max_inflight=64     (sim_backend.cpp)
 //   posix:/path/to/dir,depth=8,direct=auto         (posix_backend.cpp)
-// A new store is one file plus one line in registry.cpp.
+// A new store is one file plus one line in registry.cpp. A store whose state
+// must be the node's rather than a process's (the sim store's dumped keys)
+// says how many bytes of node-shared memory it needs, and gets them mapped in
+// BackendContext (node_state.h).
 #pragma once
 
 #include <atomic>
@@ -38,6 +41,11 @@ struct IoRequest {
 struct BackendContext {
   uint64_t shard_bytes = 0;
   uint32_t shards_per_block = 0;
+  // The node's shared state for this store (node_state.h): zeroed memory of
+  // backend_node_state_bytes(spec) that every rank of the node maps, or null
+  // outside a node (one process), where a store that needs some makes its own.
+  void* node_state = nullptr;
+  uint64_t node_state_bytes = 0;
 };
 
 struct BackendCounters {
@@ -66,6 +74,11 @@ class Backend {
 
 // Builds the store named by `spec`. Errors name the bad part of the spec.
 [[nodiscard]] Result make_backend(const std::string& spec, const BackendContext& ctx, std::unique_ptr<Backend>* out);
+
+// Bytes of node-shared state the store named by `spec` needs (0: none). A pure
+// function of the spec: every rank of a node computes the same number, and
+// local rank 0 creates that much for all of them. Errors as make_backend's.
+[[nodiscard]] Result backend_node_state_bytes(const std::string& spec, uint64_t* out);
 
 // Completes a request with an error formatted into req->error.
 void complete_with(IoRequest* req, Result r, const char* fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -58,6 +58,18 @@ Result make_sim_backend(const Spec& spec, const BackendContext& ctx, std::unique
   return Result::kOk;
 }
 
+Result sim_node_state_bytes(const Spec& spec, uint64_t* out) {
+  SimOptions o;
+  std::vector<Key> fails, hangs;
+  UCM_CHECK(SimBackend::parse_options(spec, &o, &fails, &hangs));
+  *out = SimBackend::node_state_bytes(o);
+  return Result::kOk;
+}
+
+uint64_t SimBackend::node_state_bytes(const SimOptions& o) {
+  return o.populated_all ? 0 : SharedKeySet::region_bytes(o.dumped_capacity);
+}
+
 Result SimBackend::parse_options(const Spec& spec, SimOptions* o, std::vector<Key>* fails, std::vector<Key>* hangs) {
   if (!spec.positional.empty())
     return fail(Result::kInvalidArg, "sim backend: unexpected \"%s\" (options are key=value)", spec.positional.c_str());
@@ -81,6 +93,8 @@ Result SimBackend::parse_options(const Spec& spec, SimOptions* o, std::vector<Ke
       if (v != "all" && v != "dumped")
         return fail(Result::kInvalidArg, "backend option populated=%s is neither all nor dumped", v.c_str());
       o->populated_all = v == "all";
+    } else if (k == "dumped_capacity") {
+      UCM_CHECK(spec_u64(k, v, 1, kKeySetMaxCapacity, &o->dumped_capacity));
     } else if (k == "fail_keys") {
       UCM_CHECK(parse_key_list(k, v, fails));
     } else if (k == "hang_keys") {
@@ -98,6 +112,20 @@ Result SimBackend::create(const SimOptions& o, const BackendContext& ctx, std::u
   if (o.max_inflight == 0) return fail(Result::kInvalidArg, "sim backend: max_inflight is 0");
   if (o.workers == 0) return fail(Result::kInvalidArg, "sim backend: workers is 0");
   std::unique_ptr<SimBackend> b(new SimBackend(o, ctx));
+  if (!o.populated_all) {
+    const uint64_t need = node_state_bytes(o);
+    void* base = ctx.node_state;
+    uint64_t bytes = ctx.node_state_bytes;
+    if (!base) {
+      UCM_CHECK(NodeState::make_private(need, &b->private_state_));
+      base = b->private_state_.base();
+      bytes = b->private_state_.bytes();
+    }
+    if (bytes < need)
+      return fail(Result::kInvalidArg, "sim backend: dumped_capacity=%" PRIu64 " needs %" PRIu64
+                  " bytes of node state; the cache gave %" PRIu64, o.dumped_capacity, need, bytes);
+    UCM_CHECK(SharedKeySet::attach(base, bytes, o.dumped_capacity, &b->dumped_));
+  }
   for (uint32_t i = 0; i < o.workers; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
   UCM_INFO(kBackend, "sim store: latency %" PRIu64 " us, %.2f GB/s per request, %u in flight, %u workers",
            o.latency_us, o.gbps, o.max_inflight, o.workers);
@@ -198,10 +226,13 @@ void SimBackend::worker() {
     }
     timed_.pop();
     const bool failing = should_fail(top.req->key);
-    if (!top.is_load && !failing) dumped_.insert(top.req->key);
-    const bool missing = top.is_load && !opts_.populated_all && !dumped_.count(top.req->key);
     lk.unlock();
     IoRequest* req = top.req;
+    // The table is lock-free and the node's: no process lock around it. A dump
+    // enters it only now, when its latency has passed.
+    const bool missing = top.is_load && !opts_.populated_all && !dumped_.contains(req->key);
+    Result recorded = Result::kOk;
+    if (!top.is_load && !failing && !opts_.populated_all) recorded = dumped_.insert(req->key);
     if (top.is_load) {
       if (failing) {
         req->result = Result::kBackend;
@@ -219,6 +250,11 @@ void SimBackend::worker() {
       req->result = Result::kBackend;
       snprintf(req->error, sizeof(req->error), "sim store: injected failure dumping block %" PRIu64 " shard %u",
                req->key.block.lo, req->key.shard);
+    } else if (recorded != Result::kOk) {
+      req->result = recorded;
+      snprintf(req->error, sizeof(req->error),
+               "sim store: dumped-key table full (dumped_capacity=%" PRIu64 "): block %" PRIu64 " shard %u not stored",
+               opts_.dumped_capacity, req->key.block.lo, req->key.shard);
     } else {
       req->result = Result::kOk;
     }
@@ -255,8 +291,7 @@ Result SimBackend::exists(const Key& k, bool* out) {
     *out = true;
     return Result::kOk;
   }
-  std::lock_guard<std::mutex> g(mu_);
-  *out = dumped_.count(k) != 0;
+  *out = dumped_.contains(k);
   return Result::kOk;
 }
 

@@ -10,10 +10,20 @@
 //
 // Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
 //           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
-//           populated=all|dumped
+//           populated=all|dumped,dumped_capacity=1048576
 // (LO: the low 64 bits of the block id, in decimal.) fail_keys fail loads and
 // dumps; hang_keys hang loads only. With populated=dumped only
 // shards that were dumped exist and load; by default every key exists.
+//
+// populated=dumped is the node's truth, not a process's: the dumped keys live
+// in a SharedKeySet (shared_key_set.h) in the node-shared state the cache maps
+// for its store (BackendContext.node_state), so a key one rank dumped loads on
+// every rank of the node. Outside a node the store makes a private table. The
+// table holds dumped_capacity keys; a dump past that fails with kNoSpace,
+// naming the capacity and the key. A key counts as dumped once its dump
+// completed (its latency passed), so a load racing the dump finds either no
+// key (never dumped) or the key (and then the whole shard). Faults, attempts
+// and the touch log stay the process's own.
 #pragma once
 
 #include <condition_variable>
@@ -26,6 +36,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/node_state.h"
+#include "backend/shared_key_set.h"
 #include "backend/spec.h"
 
 namespace ucm {
@@ -38,6 +50,7 @@ struct SimOptions {
   double fail_fraction = 0.0;
   uint64_t seed = 1;
   bool populated_all = true;
+  uint64_t dumped_capacity = uint64_t{1} << 20;  // keys the populated=dumped table holds
 };
 
 struct KeyHash {
@@ -51,6 +64,8 @@ class SimBackend final : public Backend {
   [[nodiscard]] static Result create(const SimOptions& o, const BackendContext& ctx, std::unique_ptr<SimBackend>* out);
   [[nodiscard]] static Result parse_options(const Spec& spec, SimOptions* out, std::vector<Key>* fail_keys,
                                             std::vector<Key>* hang_keys);
+  // Bytes of node-shared state the options need (0 with populated=all).
+  static uint64_t node_state_bytes(const SimOptions& o);
   ~SimBackend() override;
 
   const char* name() const override { return "sim"; }
@@ -67,6 +82,8 @@ class SimBackend final : public Backend {
   // Every block passed to touch(), in call order (the first million).
   std::vector<BlockId> touched_blocks() const;
   const SimOptions& options() const { return opts_; }
+  // Whether the dumped-key table is the node's (false: this process's own).
+  bool node_shared() const { return !opts_.populated_all && !private_state_.valid(); }
 
  private:
   SimBackend(const SimOptions& o, const BackendContext& ctx);
@@ -93,7 +110,9 @@ class SimBackend final : public Backend {
   std::vector<IoRequest*> hung_;
   uint32_t admitted_ = 0;
   bool stopping_ = false;
-  std::unordered_set<Key, KeyHash> fail_, hang_, dumped_;
+  std::unordered_set<Key, KeyHash> fail_, hang_;
+  NodeState private_state_;  // the table's memory when the context gave none
+  SharedKeySet dumped_;      // populated=dumped only; lock-free, not under mu_
   std::unordered_map<Key, uint64_t, KeyHash> attempts_;
   std::vector<BlockId> touched_;
   std::vector<std::thread> threads_;

@@ -1,6 +1,7 @@
 // The sim store: its content function, its timing model (lower bounds only,
 // which it guarantees by construction), its in-flight limit, its faults, its
-// populated=dumped mode and its counters.
+// populated=dumped mode (its table of dumped keys, node-shared or private)
+// and its counters.
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/node_state.h"
+#include "backend/shared_key_set.h"
 #include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
@@ -22,10 +25,14 @@ constexpr uint64_t kShard = 4096 + 13;  // not a multiple of 8: exercises the by
 constexpr uint32_t kShards = 8;
 
 std::unique_ptr<SimBackend> make_sim(const std::string& spec, uint64_t shard_bytes = kShard,
-                                     uint32_t shards = kShards) {
+                                     uint32_t shards = kShards, const NodeState* node = nullptr) {
   BackendContext c;
   c.shard_bytes = shard_bytes;
   c.shards_per_block = shards;
+  if (node) {
+    c.node_state = node->base();
+    c.node_state_bytes = node->bytes();
+  }
   std::unique_ptr<Backend> b;
   const Result r = make_backend(spec, c, &b);
   EXPECT_EQ(res(r), res(Result::kOk)) << spec << ": " << last_error();
@@ -464,6 +471,198 @@ TEST(SimBackend, TouchLogsExactlyTheBlocksInOrder) {
   EXPECT_EQ(sim->touched_blocks(), expect);
   EXPECT_EQ(sim->counters().touches, 4u);
   EXPECT_EQ(sim->counters().loads, 0u);
+}
+
+// ---- the table of dumped keys -----------------------------------------------
+
+uint64_t state_bytes(const std::string& spec) {
+  uint64_t b = 12345;
+  EXPECT_EQ(res(backend_node_state_bytes(spec, &b)), res(Result::kOk)) << spec << ": " << last_error();
+  return b;
+}
+
+TEST(SimBackend, NodeStateBytesFollowTheSpec) {
+  EXPECT_EQ(state_bytes("sim:latency_us=0"), 0u) << "populated=all keeps no table";
+  EXPECT_EQ(state_bytes("sim:populated=all,dumped_capacity=9"), 0u);
+  EXPECT_EQ(state_bytes("posix:/tmp"), 0u) << "the posix store's state is its directory";
+  EXPECT_EQ(state_bytes("sim:populated=dumped,dumped_capacity=1000"), SharedKeySet::region_bytes(1000));
+  EXPECT_EQ(SharedKeySet::region_bytes(1000), sizeof(KeySetHeader) + 2048 * sizeof(KeySetSlot));
+  EXPECT_EQ(state_bytes("sim:populated=dumped"), SharedKeySet::region_bytes(uint64_t{1} << 20)) << "the default";
+  uint64_t b = 0;
+  for (const char* bad : {"sim:populated=dumped,dumped_capacity=0", "sim:populated=dumped,dumped_capacity=16777217",
+                          "sim:dumped_capacity=x", "tape:/dev/st0"}) {
+    EXPECT_EQ(res(backend_node_state_bytes(bad, &b)), res(Result::kInvalidArg)) << bad;
+    EXPECT_FALSE(last_error().empty()) << bad;
+  }
+  EXPECT_TRUE(contains(last_error(), "tape")) << last_error();
+}
+
+TEST(SimBackend, AFullDumpedTableFailsTheDumpNamingCapacityAndKey) {
+  auto sim = make_sim("sim:latency_us=0,populated=dumped,dumped_capacity=3");
+  ASSERT_NE(sim, nullptr);
+  EXPECT_FALSE(sim->node_shared()) << "no node state given: a private table";
+  std::vector<uint8_t> buf(kShard);
+  for (uint64_t b = 0; b < 3; ++b)
+    ASSERT_EQ(res(dump_sync(sim.get(), key(60 + b, 2), buf.data(), kShard).result), res(Result::kOk));
+  // Dumping a key again takes no room.
+  ASSERT_EQ(res(dump_sync(sim.get(), key(61, 2), buf.data(), kShard).result), res(Result::kOk));
+  const SyncResult r = dump_sync(sim.get(), key(63, 5), buf.data(), kShard);
+  EXPECT_EQ(res(r.result), res(Result::kNoSpace));
+  EXPECT_TRUE(contains(r.error, "dumped_capacity=3") && contains(r.error, "block 63 shard 5")) << r.error;
+  // It never pretends: the key is not there, and the others still are.
+  bool present = true;
+  ASSERT_EQ(res(sim->exists(key(63, 5), &present)), res(Result::kOk));
+  EXPECT_FALSE(present);
+  EXPECT_EQ(res(load_sync(sim.get(), key(63, 5), buf.data(), kShard).result), res(Result::kNotFound));
+  for (uint64_t b = 0; b < 3; ++b) {
+    const SyncResult l = load_sync(sim.get(), key(60 + b, 2), buf.data(), kShard);
+    EXPECT_EQ(res(l.result), res(Result::kOk)) << l.error;
+    EXPECT_EQ(sim_verify(key(60 + b, 2), buf.data(), kShard), kShard);
+  }
+  const BackendCounters c = sim->counters();
+  EXPECT_EQ(c.dumps, 5u);
+  EXPECT_EQ(c.dump_failures, 1u);
+}
+
+TEST(SimBackend, StoresOverOneNodeStateShareTheirDumpedKeys) {
+  const std::string spec = "sim:latency_us=0,populated=dumped,dumped_capacity=64";
+  NodeState created, mapped;
+  ASSERT_EQ(res(NodeState::create(state_bytes(spec), &created)), res(Result::kOk)) << last_error();
+  ASSERT_GE(created.fd(), 0);
+  // A second mapping of the same memfd, as a peer rank makes it.
+  ASSERT_EQ(res(NodeState::attach(created.fd(), created.bytes(), &mapped)), res(Result::kOk)) << last_error();
+  ASSERT_NE(created.base(), mapped.base());
+  auto a = make_sim(spec, kShard, kShards, &created);
+  auto b = make_sim(spec, kShard, kShards, &mapped);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(a->node_shared());
+  EXPECT_TRUE(b->node_shared());
+  std::vector<uint8_t> buf(kShard);
+  ASSERT_EQ(res(dump_sync(a.get(), key(70, 3), buf.data(), kShard).result), res(Result::kOk));
+  bool present = false;
+  ASSERT_EQ(res(b->exists(key(70, 3), &present)), res(Result::kOk));
+  EXPECT_TRUE(present) << "what a dumped, b has";
+  const SyncResult l = load_sync(b.get(), key(70, 3), buf.data(), kShard);
+  EXPECT_EQ(res(l.result), res(Result::kOk)) << l.error;
+  EXPECT_EQ(sim_verify(key(70, 3), buf.data(), kShard), kShard);
+  EXPECT_EQ(res(load_sync(b.get(), key(70, 4), buf.data(), kShard).result), res(Result::kNotFound));
+  ASSERT_EQ(res(dump_sync(b.get(), key(71, 0), buf.data(), kShard).result), res(Result::kOk));
+  ASSERT_EQ(res(a->exists(key(71, 0), &present)), res(Result::kOk));
+  EXPECT_TRUE(present) << "and the other way round";
+  // The memfd is gone from the process once both are dropped; nothing was
+  // ever in a file system.
+  created.close_fd();
+  EXPECT_EQ(created.fd(), -1);
+  ASSERT_EQ(res(a->exists(key(70, 3), &present)), res(Result::kOk));
+  EXPECT_TRUE(present) << "the mapping outlives the fd";
+}
+
+TEST(SimBackend, ANodeStateOfTheWrongSizeOrCapacityIsRefused) {
+  const std::string spec = "sim:latency_us=0,populated=dumped,dumped_capacity=64";
+  NodeState small;
+  ASSERT_EQ(res(NodeState::make_private(state_bytes(spec) - 32, &small)), res(Result::kOk));
+  BackendContext c;
+  c.shard_bytes = kShard;
+  c.shards_per_block = kShards;
+  c.node_state = small.base();
+  c.node_state_bytes = small.bytes();
+  std::unique_ptr<Backend> b;
+  EXPECT_EQ(res(make_backend(spec, c, &b)), res(Result::kInvalidArg));
+  EXPECT_TRUE(contains(last_error(), "dumped_capacity=64")) << last_error();
+  // A table made for another capacity.
+  NodeState big;
+  ASSERT_EQ(res(NodeState::make_private(state_bytes(spec) * 2, &big)), res(Result::kOk));
+  c.node_state = big.base();
+  c.node_state_bytes = big.bytes();
+  ASSERT_EQ(res(make_backend(spec, c, &b)), res(Result::kOk)) << last_error();
+  b.reset();
+  EXPECT_EQ(res(make_backend("sim:populated=dumped,dumped_capacity=32", c, &b)), res(Result::kConfigMismatch));
+  EXPECT_TRUE(contains(last_error(), "64") && contains(last_error(), "32")) << last_error();
+  // Half a context.
+  c.node_state_bytes = 0;
+  EXPECT_EQ(res(make_backend(spec, c, &b)), res(Result::kInvalidArg));
+  // A memfd of another size than the spec says.
+  NodeState made;
+  ASSERT_EQ(res(NodeState::create(4096, &made)), res(Result::kOk));
+  NodeState peer;
+  EXPECT_EQ(res(NodeState::attach(made.fd(), 8192, &peer)), res(Result::kConfigMismatch));
+  EXPECT_TRUE(contains(last_error(), "4096") && contains(last_error(), "8192")) << last_error();
+  EXPECT_EQ(res(NodeState::create(0, &made)), res(Result::kInvalidArg));
+}
+
+TEST(SimBackend, ADumpCountsOnlyOnceItCompleted) {
+  // One request in flight at a time, held by a hung load: the dump behind it
+  // waits in the queue and, until it has run, its key is not in the table.
+  auto sim = make_sim("sim:latency_us=0,max_inflight=1,populated=dumped,hang_keys=80.0");
+  ASSERT_NE(sim, nullptr);
+  Batch batch;
+  Op hung, dump, load;
+  std::vector<uint8_t> a(kShard), b(kShard), c(kShard);
+  prepare(&hung, &batch, key(80, 0), a.data(), kShard);
+  prepare(&dump, &batch, key(81, 0), b.data(), kShard);
+  prepare(&load, &batch, key(81, 0), c.data(), kShard);
+  sim->load(&hung.req);
+  sim->dump(&dump.req);
+  sim->load(&load.req);
+  bool present = true;
+  ASSERT_EQ(res(sim->exists(key(81, 0), &present)), res(Result::kOk));
+  EXPECT_FALSE(present) << "a dump still queued is not a dump";
+  EXPECT_EQ(batch.count(), 0u);
+  sim.reset();  // completes all three as abandoned
+  ASSERT_TRUE(batch.wait(3));
+  EXPECT_EQ(res(dump.req.result), res(Result::kTimeout));
+  EXPECT_EQ(res(load.req.result), res(Result::kTimeout));
+}
+
+TEST(SharedKeySet, AttachRefusesAForeignOrMismatchedRegion) {
+  const uint64_t bytes = SharedKeySet::region_bytes(100);
+  NodeState mem;
+  ASSERT_EQ(res(NodeState::make_private(bytes, &mem)), res(Result::kOk));
+  SharedKeySet s;
+  EXPECT_EQ(res(SharedKeySet::attach(mem.base(), bytes - 1, 100, &s)), res(Result::kInvalidArg));
+  EXPECT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 0, &s)), res(Result::kInvalidArg));
+  EXPECT_EQ(res(SharedKeySet::attach(static_cast<uint8_t*>(mem.base()) + 8, bytes - 8, 1, &s)), res(Result::kInvalidArg));
+  ASSERT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 100, &s)), res(Result::kOk)) << last_error();
+  ASSERT_EQ(res(s.insert(key(1, 1))), res(Result::kOk));
+  SharedKeySet again;
+  ASSERT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 100, &again)), res(Result::kOk)) << last_error();
+  EXPECT_TRUE(again.contains(key(1, 1))) << "a second attach keeps what is there";
+  EXPECT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 99, &again)), res(Result::kConfigMismatch));
+  auto* h = static_cast<KeySetHeader*>(mem.base());
+  h->abi.store(kKeySetAbi + 1);
+  EXPECT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 100, &again)), res(Result::kAbiMismatch));
+  EXPECT_TRUE(contains(last_error(), std::to_string(kKeySetAbi + 1))) << last_error();
+  h->abi.store(kKeySetAbi);
+  h->magic.store(kKeySetMagic ^ 1);
+  EXPECT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 100, &again)), res(Result::kCorrupt));
+  EXPECT_TRUE(contains(last_error(), "magic")) << last_error();
+}
+
+TEST(SharedKeySet, AnAbandonedClaimIsSteppedOver) {
+  // A process killed between its claim and its publish leaves a claimed slot
+  // for good. Made here by hand: claim the slot a key would take first.
+  const uint64_t bytes = SharedKeySet::region_bytes(8);
+  NodeState mem;
+  ASSERT_EQ(res(NodeState::make_private(bytes, &mem)), res(Result::kOk));
+  SharedKeySet s;
+  ASSERT_EQ(res(SharedKeySet::attach(mem.base(), bytes, 8, &s)), res(Result::kOk));
+  ASSERT_EQ(res(s.insert(key(5, 5))), res(Result::kOk));
+  auto* slots = reinterpret_cast<KeySetSlot*>(static_cast<uint8_t*>(mem.base()) + sizeof(KeySetHeader));
+  KeySetSlot* home = nullptr;
+  for (uint64_t i = 0; i < 16; ++i)
+    if ((slots[i].word.load() & 3) == SharedKeySet::kFull) home = &slots[i];
+  ASSERT_NE(home, nullptr);
+  home->word.store(SharedKeySet::kClaimed | (uint64_t{999999} << 32));  // its claimer died before R1
+  EXPECT_FALSE(s.contains(key(5, 5))) << "an unpublished key is not in the set";
+  ASSERT_EQ(res(s.insert(key(5, 5))), res(Result::kOk)) << last_error();
+  EXPECT_TRUE(s.contains(key(5, 5))) << "inserted past the abandoned slot";
+  EXPECT_EQ(s.used(), 2u) << "the abandoned claim still counts";
+  for (uint64_t b = 0; b < 6; ++b) ASSERT_EQ(res(s.insert(key(100 + b, 0))), res(Result::kOk)) << b;
+  EXPECT_EQ(res(s.insert(key(200, 0))), res(Result::kNoSpace)) << "8 claims made";
+  EXPECT_TRUE(contains(last_error(), "capacity 8")) << last_error();
+  for (uint64_t b = 0; b < 6; ++b) EXPECT_TRUE(s.contains(key(100 + b, 0))) << b;
+  EXPECT_FALSE(s.contains(key(200, 0)));
 }
 
 }  // namespace
