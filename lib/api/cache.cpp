@@ -70,6 +70,8 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
     BackendContext bctx;
     bctx.shard_bytes = config_.shard_bytes;
     bctx.shards_per_block = config_.shards_per_block;
+    bctx.node_state = store_state_.base();
+    bctx.node_state_bytes = store_state_.bytes();
     r = make_backend(config_.backend, bctx, &backend_);
   }
   if (ok(r)) {
@@ -108,10 +110,13 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
   const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
   uint64_t nonce = 0;
   FdServer server;
-  Result r = Result::kOk;
+  // Every rank sizes the store's node state from the spec all ranks agreed on.
+  uint64_t store_bytes = 0;
+  Result r = backend_node_state_bytes(config_.backend, &store_bytes);
   if (node_.local_rank == 0) {
-    r = BufferCtrl::create(cp, &ctrl_);
+    if (ok(r)) r = BufferCtrl::create(cp, &ctrl_);
     if (ok(r)) r = BufferData::create(dp, &data_);
+    if (ok(r) && store_bytes > 0) r = NodeState::create(store_bytes, &store_state_);
     nonce = random_nonce();
     if (ok(r)) r = server.listen_on(nonce);
   }
@@ -125,8 +130,9 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
     for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_pids[i]});
     std::vector<int> data_fds;
     for (size_t s = 0; s < data_.segment_count(); ++s) data_fds.push_back(data_.segment_fd(s));
-    r = server.serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline);
+    r = server.serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline, store_state_.fd());
     server.close_socket();
+    store_state_.close_fd();  // the mapping keeps it; the peers hold their own
     if (ok(r) && scheduler()) data_ = BufferData();  // the peers hold the segments now
   } else {
     PlaneDescriptor desc{};
@@ -134,7 +140,12 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
     r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_pids[0], deadline, &desc,
                      &fds);
     if (ok(r)) r = BufferCtrl::attach(fds[0], &cp, &ctrl_);
-    if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, fds.size() - 1, &data_);
+    if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);
+    if (ok(r) && (desc.store_fds != 0) != (store_bytes > 0))
+      r = fail(Result::kConfigMismatch,
+               "local rank 0 sent %u store state fds; this rank's backend \"%s\" needs %" PRIu64 " bytes of it",
+               desc.store_fds, config_.backend, store_bytes);
+    if (ok(r) && store_bytes > 0) r = NodeState::attach(fds.back(), store_bytes, &store_state_);
     for (int fd : fds) close(fd);
   }
   return collective_status(node_.comm, r);
@@ -146,6 +157,7 @@ void Cache::release_local() {
   // only then do the cache and the planes go.
   if (queue_) queue_->stop();
   backend_.reset();
+  store_state_ = NodeState();
   queue_.reset();
   {
     std::lock_guard<std::mutex> g(tasks_mu_);

@@ -7,7 +7,8 @@
 //   2. check the config locally, then agree on every layout field in the node
 //   3. resolve the device (config, else local rank modulo visible GPUs, else the
 //      local rank with the host engine) and check the shard alignment it needs
-//   4. local rank 0 creates the control and data memfds and listens on an
+//   4. local rank 0 creates the control and data memfds (and the store's
+//      node-shared state, when its spec asks for some) and listens on an
 //      abstract socket; the nonce goes out over MPI
 //   5. peers fetch the fds (SO_PEERCRED-checked) and map them, checking the
 //      header against their own layout
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/node_state.h"
 #include "boot/node.h"
 #include "cache/cache_buffer.h"
 #include "ctrl/buffer_ctrl.h"
@@ -76,6 +78,7 @@ class Cache {
   BufferData data_;
   std::vector<void*> registered_;
   std::unique_ptr<CopyEngine> engine_;
+  NodeState store_state_;  // the store's node-shared state; outlives backend_
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CacheBuffer> buffer_;
   Placement placement_;

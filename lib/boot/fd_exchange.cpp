@@ -117,7 +117,7 @@ Result FdServer::listen_on(uint64_t nonce) {
 }
 
 Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDescriptor& desc, int ctrl_fd,
-                       const std::vector<int>& data_fds, uint64_t deadline_ns) {
+                       const std::vector<int>& data_fds, uint64_t deadline_ns, int store_fd) {
   std::vector<bool> served(peers.size(), false);
   size_t remaining = peers.size();
   while (remaining > 0) {
@@ -137,7 +137,7 @@ Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDes
     int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
     const size_t before = std::count(served.begin(), served.end(), true);
-    Result r = serve_one(conn, peers, &served, desc, ctrl_fd, data_fds, deadline_ns);
+    Result r = serve_one(conn, peers, &served, desc, ctrl_fd, data_fds, deadline_ns, store_fd);
     close(conn);
     UCM_CHECK(r);
     remaining -= static_cast<size_t>(std::count(served.begin(), served.end(), true)) - before;
@@ -147,7 +147,7 @@ Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDes
 
 Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
                            const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds,
-                           uint64_t deadline_ns) {
+                           uint64_t deadline_ns, int store_fd) {
   ucred cred{};
   socklen_t cl = sizeof(cred);
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) return Result::kOk;
@@ -185,8 +185,10 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   }
   std::vector<int> fds{ctrl_fd};
   if (hello.want_data) fds.insert(fds.end(), data_fds.begin(), data_fds.end());
+  if (store_fd >= 0) fds.push_back(store_fd);
   PlaneDescriptor d = desc;
   d.segment_count = hello.want_data ? static_cast<uint32_t>(data_fds.size()) : 0;
+  d.store_fds = store_fd >= 0 ? 1 : 0;
   d.total_fds = static_cast<uint32_t>(fds.size());
   uint32_t seq = 0;
   for (size_t off = 0; off < fds.size(); off += kMaxFdsPerMessage, ++seq) {
@@ -296,10 +298,11 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t s
     if (seq == 0) {
       std::memcpy(desc, buf + sizeof(g), sizeof(*desc));
       expected_total = desc->total_fds;
-      if (expected_total != 1 + desc->segment_count || (!want_data && desc->segment_count != 0)) {
+      if (desc->store_fds > 1 || expected_total != 1 + desc->segment_count + desc->store_fds ||
+          (!want_data && desc->segment_count != 0)) {
         close_all(fds);
-        return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments", expected_total,
-                    desc->segment_count);
+        return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments and %u store fds",
+                    expected_total, desc->segment_count, desc->store_fds);
       }
     }
     if (fds->size() > expected_total) {
@@ -324,6 +327,7 @@ PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& dp, co
   d.data_total_slots = dp.total_slots;
   d.hugetlb = data.hugetlb() ? 1 : 0;
   d.segment_count = static_cast<uint32_t>(data.segment_count());
+  d.store_fds = 0;  // FdServer::serve sets it
   d.total_fds = 1 + d.segment_count;
   return d;
 }

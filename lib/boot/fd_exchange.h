@@ -7,7 +7,9 @@
 // SO_PEERCRED pid is the pid that local rank announced over MPI, and only once
 // per rank; anything else (another process, garbage, a wrong nonce, a second
 // connection) is closed without a byte. It then sends the plane descriptor and
-// the fds with SCM_RIGHTS, in as many Grant messages as the fd count needs.
+// the fds with SCM_RIGHTS, in as many Grant messages as the fd count needs:
+// the control fd, the data segments (if the peer wants them), and last the
+// store's node-shared state (backend/node_state.h) when the store has one.
 //
 // Every message starts with a fixed WireHeader (magic, version, header size,
 // nonce, kind, payload size, fd count); a short read, a truncated control
@@ -29,7 +31,7 @@
 namespace ucm {
 
 constexpr uint64_t kWireMagic = 0x31544f4f424d4355ull;  // "UCMBOOT1"
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kWireVersion = 2;  // 2: PlaneDescriptor.store_fds
 constexpr uint32_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 
 enum class WireKind : uint32_t { kHello = 1, kGrant = 2 };
@@ -66,9 +68,11 @@ struct PlaneDescriptor {
   uint32_t data_total_slots;
   uint32_t hugetlb;
   uint32_t segment_count;  // data fds that follow the control fd (0 for a scheduler)
-  uint32_t total_fds;      // across all grants: 1 + segment_count
+  uint32_t total_fds;      // across all grants: 1 + segment_count + store_fds
+  uint32_t store_fds;      // 0 or 1: the store's node-shared state, after the segments
+  uint32_t pad;
 };
-static_assert(sizeof(PlaneDescriptor) == 56);
+static_assert(sizeof(PlaneDescriptor) == 64);
 
 struct PeerExpectation {
   uint32_t local_rank;
@@ -88,23 +92,26 @@ class FdServer {
   [[nodiscard]] Result listen_on(uint64_t nonce);
   // Serves every expected peer once; returns when all are served or fails at
   // the deadline (naming who is missing) or when a peer's process is gone.
+  // `store_fd` (>= 0) goes to every peer, schedulers too, as the last fd.
   [[nodiscard]] Result serve(const std::vector<PeerExpectation>& peers, const PlaneDescriptor& desc, int ctrl_fd,
-                             const std::vector<int>& data_fds, uint64_t deadline_ns);
+                             const std::vector<int>& data_fds, uint64_t deadline_ns, int store_fd = -1);
   void close_socket();
   // Connections refused so far (foreign processes, garbage).
   uint32_t refused() const { return refused_; }
 
  private:
   Result serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
-                   const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds, uint64_t deadline_ns);
+                   const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds, uint64_t deadline_ns,
+                   int store_fd);
   int fd_ = -1;
   uint64_t nonce_ = 0;
   uint32_t refused_ = 0;
 };
 
 // Connects to local rank 0 (pid `server_pid`) and receives the planes.
-// `fds` receives the control fd first, then the data segment fds (owned by
-// the caller).
+// `fds` receives the control fd first, then the data segment fds, then the
+// store's state fd when desc->store_fds says there is one (all owned by the
+// caller).
 [[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t server_pid,
                                   uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds);
 
