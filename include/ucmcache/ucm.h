@@ -238,6 +238,8 @@ typedef struct ucm_stats {
   uint64_t bytes_from_backend, bytes_to_device;
   uint64_t dumps, bytes_dumped;
   uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us; /* task latency, upper bounds */
+  uint64_t direct_fallbacks;  /* backend transfers the file system refused as direct I/O,
+                                 redone buffered (the store then stays buffered) */
 } ucm_stats_t;
 
 /* This rank's counters and the node's (the sum over its ranks); either may be NULL. */
