@@ -209,8 +209,16 @@ UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, siz
 #define UCM_WHERE_NONE 0    /* neither in the cache nor in the backend */
 #define UCM_WHERE_BACKEND 1 /* not in the cache; the backend has it */
 #define UCM_WHERE_CACHE 2   /* resident and Ready in the node's cache */
+#define UCM_WHERE_ERROR 3   /* not in the cache; the backend could not say (the file
+                               under the key's name is unreadable, or not a file of
+                               the store's, e.g. a directory) */
 /* Per key: where it is. The cache is asked first, the backend about the rest.
- * Works on a scheduler rank. */
+ * Works on a scheduler rank. Every entry of where[] is filled: a key the
+ * backend cannot answer for gets UCM_WHERE_ERROR and the others their answer;
+ * the call then returns UCM_ERR_BACKEND, and ucm_last_error says how many
+ * keys are unknown and names the first (its index, key and file). A stored
+ * copy that fails its checks (corrupt, another key's, an older format) is not
+ * a usable copy: UCM_WHERE_NONE. */
 UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where);
 
 typedef struct ucm_stats {
@@ -230,6 +238,8 @@ typedef struct ucm_stats {
   uint64_t bytes_from_backend, bytes_to_device;
   uint64_t dumps, bytes_dumped;
   uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us; /* task latency, upper bounds */
+  uint64_t direct_fallbacks;  /* backend transfers the file system refused as direct I/O,
+                                 redone buffered (the store then stays buffered) */
 } ucm_stats_t;
 
 /* This rank's counters and the node's (the sum over its ranks); either may be NULL. */

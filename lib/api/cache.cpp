@@ -295,6 +295,7 @@ void add_counters(const RankCounters& c, ucm_stats_t* s, uint64_t* hist) {
   s->bytes_to_device += v(c.bytes_to_device);
   s->dumps += v(c.dumps);
   s->bytes_dumped += v(c.bytes_dumped);
+  s->direct_fallbacks += v(c.direct_fallbacks);
   for (int i = 0; i < 32; ++i) hist[i] += v(c.latency_us_log2[i]);
 }
 

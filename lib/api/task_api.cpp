@@ -2,6 +2,7 @@
 // with a message naming it; nothing is submitted unless every entry is good.
 #include <cinttypes>
 #include <new>
+#include <string>
 #include <unordered_map>
 
 #include "api/handles.h"
@@ -124,18 +125,37 @@ UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t
       return ucm::finish_call(c, ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard,
                                spb, i));
   }
-  for (size_t i = 0; i < n; ++i) {
-    const ucm::Key k = to_key(keys[i]);
-    if (c->buffer()->exists(k)) {
-      where[i] = UCM_WHERE_CACHE;
-      continue;
+  // Per key: one key the store cannot answer for (an unreadable file, a
+  // directory under its name) must not hide the answers for the others.
+  size_t unknown = 0, first_unknown = 0;
+  std::string first_error;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      const ucm::Key k = to_key(keys[i]);
+      if (c->buffer()->exists(k)) {
+        where[i] = UCM_WHERE_CACHE;
+        continue;
+      }
+      bool in_store = false;
+      if (c->backend()->exists(k, &in_store) != ucm::Result::kOk) {
+        where[i] = UCM_WHERE_ERROR;
+        if (unknown++ == 0) {
+          first_unknown = i;
+          first_error = ucm::last_error();
+        }
+        continue;
+      }
+      where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
     }
-    bool in_store = false;
-    r = c->backend()->exists(k, &in_store);
-    if (r != ucm::Result::kOk) return ucm::finish_call(c, r);
-    where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
+  } catch (const std::bad_alloc&) {
+    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory looking up %zu keys", n));
   }
-  return UCM_OK;
+  if (unknown == 0) return UCM_OK;
+  const ucm::Key k = to_key(keys[first_unknown]);
+  return ucm::finish_call(c, ucm::fail(ucm::Result::kBackend,
+                                       "lookup: %zu of %zu keys could not be answered (UCM_WHERE_ERROR); the first is "
+                                       "key %zu (block %016" PRIx64 "%016" PRIx64 " shard %u): %s",
+                                       unknown, n, first_unknown, k.block.hi, k.block.lo, k.shard, first_error.c_str()));
 }
 
 UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node) {

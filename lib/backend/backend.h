@@ -7,9 +7,16 @@
 // belongs to the caller until done() runs; the buffer must stay valid as long.
 // touch() and exists() are synchronous and cheap.
 //
+// Results of a load: kOk (the bytes are the key's, verified), kNotFound (the
+// store never completely wrote this key), kCorrupt (the store holds something
+// under this key that fails its checks: wrong key, length or checksum, cut
+// short, or not a file of the store's; it will not heal, so a retry is
+// pointless; the message names the key and the file), or another error for a
+// failure that may be transient (kBackend: I/O error, permission).
+//
 // Stores are chosen by a spec string, "scheme:args":
 //   sim:latency_us=500,gbps=4,max_inflight=64     (sim_backend.cpp)
-//   posix:/path/to/dir,depth=8,direct=auto         (posix_backend.cpp)
+//   posix:/path/to/dir,depth=8,direct=auto,file_mode=0600  (posix_backend.cpp)
 // A new store is one file plus one line in registry.cpp. A store whose state
 // must be the node's rather than a process's (the sim store's dumped keys)
 // says how many bytes of node-shared memory it needs, and gets them mapped in
@@ -34,7 +41,9 @@ struct IoRequest {
   void (*done)(IoRequest* req) = nullptr;
   void* user = nullptr;     // for the caller
   Result result = Result::kOk;
-  char error[160] = {};     // on failure: what failed, with the value
+  bool direct_fallback = false;  // the store tried direct I/O, the file system refused it,
+                                 // and the bytes moved buffered instead (counted by the caller)
+  char error[384] = {};     // on failure: what failed, with the value (key, file, reason)
 };
 
 // What every store knows about the cache it serves.

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -16,7 +17,10 @@
 namespace ucm {
 namespace {
 
-constexpr uint64_t kDirectAlign = 4096;
+// Where the kernel does not report a direct-I/O alignment: a page, which every
+// file system that takes O_DIRECT accepts (a larger need is caught by the
+// EINVAL fallback).
+constexpr uint32_t kDefaultDirectAlign = 4096;
 
 uint32_t header_check(const ShardHeader& h) {
   return static_cast<uint32_t>(checksum64(&h, offsetof(ShardHeader, check), 0x5eed));
@@ -48,17 +52,48 @@ ssize_t pwrite_full(int fd, const void* buf, size_t n, off_t off) {
   return static_cast<ssize_t>(done);
 }
 
-// Opens `path`, with O_DIRECT when asked and accepted (falls back otherwise).
-int open_file(const std::string& path, int flags, bool direct) {
-  int fd = -1;
-  if (direct) {
-    do fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
-    while (fd < 0 && errno == EINTR);
-    if (fd >= 0 || errno != EINVAL) return fd;
-  }
-  do fd = open(path.c_str(), flags | O_CLOEXEC, 0644);
+int openat_retry(int dir_fd, const char* name, int flags, mode_t mode) {
+  int fd;
+  do fd = openat(dir_fd, name, flags, mode);
   while (fd < 0 && errno == EINTR);
   return fd;
+}
+
+// Turns O_DIRECT on or off for one open file (each request has its own fd).
+bool set_direct(int fd, bool on) {
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return false;
+  return fcntl(fd, F_SETFL, on ? (fl | O_DIRECT) : (fl & ~O_DIRECT)) == 0;
+}
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "not a regular file";
+}
+
+std::string block_name(const BlockId& b) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "%016" PRIx64 "%016" PRIx64 ".ucmblk", b.hi, b.lo);
+  return name;
+}
+
+// "posix store: block <hex> shard <s> in <path>: <detail>": every message
+// about a key names the key (as the load queue does) and the file.
+void key_error(char* err, size_t len, const Key& k, const std::string& path, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void key_error(char* err, size_t len, const Key& k, const std::string& path, const char* fmt, ...) {
+  const int n = std::snprintf(err, len, "posix store: block %016" PRIx64 "%016" PRIx64 " shard %u in %s: ", k.block.hi,
+                              k.block.lo, k.shard, path.c_str());
+  if (n < 0 || static_cast<size_t>(n) >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err + n, len - static_cast<size_t>(n), fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace
@@ -74,7 +109,9 @@ Result make_posix_backend(const Spec& spec, const BackendContext& ctx, std::uniq
 
 Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
   o->dir = spec.positional;
-  if (o->dir.empty()) return fail(Result::kInvalidArg, "posix backend needs a directory: posix:/path/to/store");
+  if (o->dir.empty())
+    return fail(Result::kInvalidArg, "posix backend needs a directory: posix:/path/to/store%s",
+                spec.options.empty() ? "" : " (a relative path of the form key=... is written ./key=...)");
   for (const auto& [k, v] : spec.options) {
     uint64_t u = 0;
     if (k == "depth") {
@@ -88,6 +125,12 @@ Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
     } else if (k == "sync") {
       UCM_CHECK(spec_u64(k, v, 0, 1, &u));
       o->sync = u == 1;
+    } else if (k == "file_mode") {
+      UCM_CHECK(spec_octal(k, v, 0777, &u));
+      // The store must read and rewrite its own files whoever it runs as.
+      if ((u & 0600) != 0600)
+        return fail(Result::kInvalidArg, "backend option file_mode=%s lacks owner read and write (0600)", v.c_str());
+      o->file_mode = static_cast<uint32_t>(u);
     } else {
       return fail(Result::kInvalidArg, "posix backend: unknown option \"%s\"", k.c_str());
     }
@@ -95,38 +138,82 @@ Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
   return Result::kOk;
 }
 
-PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx) : opts_(o), ctx_(ctx) {
+PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd)
+    : opts_(o), ctx_(ctx), dir_fd_(dir_fd), euid_(geteuid()) {
   index_off_ = (uint64_t{ctx.shards_per_block} * ctx.shard_bytes + 4095) / 4096 * 4096;
 }
 
 Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, std::unique_ptr<PosixBackend>* out) {
-  struct stat st;
-  if (stat(o.dir.c_str(), &st) != 0)
+  // The directory is opened once, following links on the way (a link to a
+  // good directory is a good store), and everything after is relative to
+  // that open directory: renaming or relinking the path later cannot move the
+  // store elsewhere. The checks below are on the directory itself.
+  int dfd;
+  do dfd = open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  while (dfd < 0 && errno == EINTR);
+  if (dfd < 0) {
+    if (errno == ENOTDIR) return fail(Result::kInvalidArg, "posix store path %s is not a directory", o.dir.c_str());
     return fail(Result::kInvalidArg, "posix store directory %s: %s", o.dir.c_str(), strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return fail(Result::kInvalidArg, "posix store path %s is not a directory", o.dir.c_str());
+  }
+  struct DirCloser {
+    int fd;
+    ~DirCloser() {
+      if (fd >= 0) close(fd);
+    }
+  } guard{dfd};
+  struct stat st;
+  if (fstat(dfd, &st) != 0) return fail(Result::kSystem, "posix store directory %s: fstat: %s", o.dir.c_str(), strerror(errno));
+  // Whoever may write the directory may plant, replace or remove block files:
+  // only the job's own user may. Root too: a root job's files in a directory
+  // another user owns could be swapped under it (root writing there is not
+  // the danger; trusting what is there is).
+  const uid_t euid = geteuid();
+  if (st.st_uid != euid)
+    return fail(Result::kInvalidArg,
+                "posix store directory %s (mode 0%o) is owned by uid %u, not by this job's user (uid %u): another user "
+                "controls what is in it; use a directory of your own (mkdir -m 700)",
+                o.dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid),
+                static_cast<unsigned>(euid));
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fail(Result::kInvalidArg,
+                "posix store directory %s (mode 0%o, owner uid %u) is writable by group or others, who could plant or "
+                "replace block files; fix: chmod go-w %s",
+                o.dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid),
+                o.dir.c_str());
+
   // A real write probe: permission bits do not stop root, a read-only mount does.
   std::random_device rd;
   char probe[64];
-  std::snprintf(probe, sizeof(probe), "/.ucm-probe-%d-%08x", static_cast<int>(getpid()), rd());
-  const std::string probe_path = o.dir + probe;
-  int fd = open(probe_path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  std::snprintf(probe, sizeof(probe), ".ucm-probe-%d-%08x", static_cast<int>(getpid()), rd());
+  int fd = openat_retry(dfd, probe, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return fail(Result::kInvalidArg, "posix store directory %s is not writable: %s", o.dir.c_str(), strerror(errno));
-  close(fd);
-  bool direct_ok = false;
-  if (o.direct != DirectMode::kOff) {
-    fd = open(probe_path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-    direct_ok = fd >= 0;
-    if (fd >= 0) close(fd);
+  bool direct_ok = o.direct != DirectMode::kOff && set_direct(fd, true);
+  // The alignment direct I/O needs, as the kernel says for a file there (it
+  // answers for regular files only, so the probe is asked, not the directory).
+  uint32_t mem_align = kDefaultDirectAlign, off_align = kDefaultDirectAlign;
+#ifdef STATX_DIOALIGN
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+      sx.stx_dio_mem_align != 0 && sx.stx_dio_offset_align != 0) {
+    mem_align = sx.stx_dio_mem_align;
+    off_align = sx.stx_dio_offset_align;
   }
-  unlink(probe_path.c_str());
+#endif
+  if (o.dio_align_claim != 0) mem_align = off_align = o.dio_align_claim;
+  close(fd);
+  unlinkat(dfd, probe, 0);
   if (o.direct == DirectMode::kOn && !direct_ok)
     return fail(Result::kUnsupported, "posix store: direct=on but %s does not accept O_DIRECT", o.dir.c_str());
 
-  std::unique_ptr<PosixBackend> b(new PosixBackend(o, ctx));
-  b->direct_ok_ = direct_ok;
+  std::unique_ptr<PosixBackend> b(new PosixBackend(o, ctx, dfd));
+  guard.fd = -1;
+  b->direct_ok_.store(direct_ok, std::memory_order_relaxed);
+  b->dio_mem_align_ = mem_align;
+  b->dio_off_align_ = off_align;
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
-  UCM_INFO(kBackend, "posix store at %s: %u I/O threads, O_DIRECT %s, sync %s", o.dir.c_str(), o.depth,
-           direct_ok ? "available" : "not available", o.sync ? "on" : "off");
+  UCM_INFO(kBackend, "posix store at %s: %u I/O threads, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
+           o.dir.c_str(), o.depth, direct_ok ? "available" : "not available", mem_align, off_align,
+           o.sync ? "on" : "off", o.file_mode);
   *out = std::move(b);
   return Result::kOk;
 }
@@ -140,13 +227,10 @@ PosixBackend::~PosixBackend() {
   for (auto& t : threads_) t.join();
   // Requests still queued get their one completion.
   for (auto& [req, is_load] : queue_) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+  close(dir_fd_);
 }
 
-std::string PosixBackend::block_path(const BlockId& b) const {
-  char name[64];
-  std::snprintf(name, sizeof(name), "/%016" PRIx64 "%016" PRIx64 ".ucmblk", b.hi, b.lo);
-  return opts_.dir + name;
-}
+std::string PosixBackend::block_path(const BlockId& b) const { return opts_.dir + "/" + block_name(b); }
 
 void PosixBackend::load(IoRequest* req) { submit(req, true); }
 void PosixBackend::dump(IoRequest* req) { submit(req, false); }
@@ -183,30 +267,138 @@ void PosixBackend::worker() {
 }
 
 bool PosixBackend::aligned_for_direct(const IoRequest* req) const {
-  return direct_ok_ && reinterpret_cast<uintptr_t>(req->buf) % kDirectAlign == 0 && req->bytes % kDirectAlign == 0 &&
-         (uint64_t{req->key.shard} * ctx_.shard_bytes) % kDirectAlign == 0;
+  return direct_io() && reinterpret_cast<uintptr_t>(req->buf) % dio_mem_align_ == 0 &&
+         req->bytes % dio_off_align_ == 0 && (uint64_t{req->key.shard} * ctx_.shard_bytes) % dio_off_align_ == 0;
+}
+
+// Opens the block file of k: never following a link, never waiting (a FIFO
+// opens at once with O_NONBLOCK, which changes nothing for a regular file),
+// and only a regular file this user owns. What else is found under a block's
+// name is kCorrupt: like a wrong header it is the store's content, it will not
+// heal on a retry, and the remedy is the same (remove it); kNotFound is only
+// "no file".
+Result PosixBackend::open_block(const Key& k, bool for_dump, int* out, char* err, size_t err_len) const {
+  *out = -1;
+  const std::string name = block_name(k.block);
+  const std::string path = opts_.dir + "/" + name;
+  const int flags = (for_dump ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  const int fd = openat_retry(dir_fd_, name.c_str(), flags, static_cast<mode_t>(opts_.file_mode));
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) {
+      key_error(err, err_len, k, path, "no such file");
+      return Result::kNotFound;
+    }
+    if (e == ELOOP) {
+      key_error(err, err_len, k, path, "a symbolic link; the store follows no links");
+      return Result::kCorrupt;
+    }
+    if (e == EISDIR) {
+      key_error(err, err_len, k, path, "not a regular file (a directory)");
+      return Result::kCorrupt;
+    }
+    key_error(err, err_len, k, path, "opening: %s", strerror(e));
+    return Result::kBackend;
+  }
+  struct stat st;
+  Result r = Result::kOk;
+  if (fstat(fd, &st) != 0) {
+    key_error(err, err_len, k, path, "fstat: %s", strerror(errno));
+    r = Result::kBackend;
+  } else if (!S_ISREG(st.st_mode)) {
+    key_error(err, err_len, k, path, "not a regular file (%s)", file_kind(st.st_mode));
+    r = Result::kCorrupt;
+  } else if (st.st_uid != euid_) {
+    key_error(err, err_len, k, path, "owned by uid %u, not by this job's user (uid %u)", static_cast<unsigned>(st.st_uid),
+              static_cast<unsigned>(euid_));
+    r = Result::kCorrupt;
+  } else if (for_dump && (st.st_mode & 07777) != opts_.file_mode && fchmod(fd, static_cast<mode_t>(opts_.file_mode)) != 0) {
+    // Exactly the configured mode: the umask may have narrowed it, an older
+    // version may have left it 0644.
+    key_error(err, err_len, k, path, "fchmod 0%o: %s", opts_.file_mode, strerror(errno));
+    r = Result::kBackend;
+  }
+  if (r != Result::kOk) {
+    close(fd);
+    return r;
+  }
+  *out = fd;
+  return Result::kOk;
+}
+
+void PosixBackend::stop_direct(const char* why) {
+  direct_ok_.store(false, std::memory_order_relaxed);
+  if (!direct_refused_logged_.exchange(true, std::memory_order_relaxed))
+    UCM_WARN("posix store at %s: the file system refused direct I/O (%s); using buffered I/O from now on "
+             "(counted as direct_fallbacks)", opts_.dir.c_str(), why);
+}
+
+// The shard's bytes, direct where the request is aligned for it. The file
+// system may still refuse (EINVAL: at fcntl where it takes no O_DIRECT at
+// all, at the transfer where its real alignment is stricter than reported):
+// the transfer is then redone buffered, the request marked, and direct I/O
+// dropped for good. Leaves the fd buffered for the header.
+ssize_t PosixBackend::transfer(IoRequest* req, int fd, bool is_load) {
+  const off_t off = static_cast<off_t>(uint64_t{req->key.shard} * ctx_.shard_bytes);
+  auto io = [&] {
+    return is_load ? pread_full(fd, req->buf, req->bytes, off) : pwrite_full(fd, req->buf, req->bytes, off);
+  };
+  if (!aligned_for_direct(req)) return io();
+  if (!set_direct(fd, true)) {
+    if (errno == EINVAL) {
+      req->direct_fallback = true;
+      stop_direct("fcntl O_DIRECT: Invalid argument");
+    }
+    return io();
+  }
+  ssize_t n = io();
+  const bool refused = n == -EINVAL;
+  if (!set_direct(fd, false)) return refused ? n : (n < 0 ? n : -EIO);
+  if (refused) {
+    req->direct_fallback = true;
+    stop_direct(is_load ? "a direct read: Invalid argument" : "a direct write: Invalid argument");
+    n = io();
+  }
+  return n;
 }
 
 Result PosixBackend::read_header(int fd, const Key& k, const std::string& path, ShardHeader* h, char* err,
                                  size_t err_len) const {
   const off_t off = static_cast<off_t>(index_off_ + uint64_t{k.shard} * sizeof(ShardHeader));
+  std::memset(h, 0, sizeof(*h));
   const ssize_t n = pread_full(fd, h, sizeof(*h), off);
   if (n < 0) {
-    std::snprintf(err, err_len, "posix store: reading the header of shard %u in %s: %s", k.shard, path.c_str(),
-                  strerror(static_cast<int>(-n)));
+    key_error(err, err_len, k, path, "reading the header: %s", strerror(static_cast<int>(-n)));
     return Result::kBackend;
   }
-  if (n < static_cast<ssize_t>(sizeof(*h)) || h->magic == 0) {
-    std::snprintf(err, err_len, "posix store: shard %u of %s was never completely written", k.shard, path.c_str());
+  // The first format had 32-byte headers at the same index offset, so one of
+  // its magics shows at the start of a 64-byte slot or half-way into it.
+  uint64_t second_half_magic = 0;
+  std::memcpy(&second_half_magic, reinterpret_cast<const uint8_t*>(h) + 32, sizeof(second_half_magic));
+  if (h->magic == kShardHeaderMagicOld1 || second_half_magic == kShardHeaderMagicOld1) {
+    key_error(err, err_len, k, path, "written in an older format (without the key); remove the file or use a new directory");
+    return Result::kCorrupt;
+  }
+  if (n == 0 || (n == static_cast<ssize_t>(sizeof(*h)) && h->magic == 0)) {
+    key_error(err, err_len, k, path, "never completely written");
     return Result::kNotFound;
   }
-  if (h->magic != kShardHeaderMagic || h->check != header_check(*h) || h->shard != k.shard) {
-    std::snprintf(err, err_len, "posix store: the header of shard %u in %s is corrupt", k.shard, path.c_str());
+  if (n < static_cast<ssize_t>(sizeof(*h))) {
+    key_error(err, err_len, k, path, "the header is cut short (%zd of %zu bytes)", n, sizeof(*h));
+    return Result::kCorrupt;
+  }
+  if (h->magic != kShardHeaderMagic || h->check != header_check(*h)) {
+    key_error(err, err_len, k, path, "the header is corrupt");
+    return Result::kCorrupt;
+  }
+  if (h->block_hi != k.block.hi || h->block_lo != k.block.lo || h->shard != k.shard) {
+    key_error(err, err_len, k, path,
+              "the header says block %016" PRIx64 "%016" PRIx64 " shard %u (a file under another block's name?)",
+              h->block_hi, h->block_lo, h->shard);
     return Result::kCorrupt;
   }
   if (h->length != ctx_.shard_bytes) {
-    std::snprintf(err, err_len, "posix store: shard %u in %s holds %" PRIu64 " bytes, shards are %" PRIu64, k.shard,
-                  path.c_str(), h->length, ctx_.shard_bytes);
+    key_error(err, err_len, k, path, "holds %" PRIu64 " bytes, shards are %" PRIu64, h->length, ctx_.shard_bytes);
     return Result::kCorrupt;
   }
   return Result::kOk;
@@ -214,76 +406,66 @@ Result PosixBackend::read_header(int fd, const Key& k, const std::string& path, 
 
 void PosixBackend::do_load(IoRequest* req) {
   const std::string path = block_path(req->key.block);
-  const bool direct = aligned_for_direct(req);
-  int fd = open_file(path, O_RDONLY, direct);
-  if (fd < 0) {
-    const int e = errno;
-    req->result = e == ENOENT ? Result::kNotFound : Result::kBackend;
-    std::snprintf(req->error, sizeof(req->error), "posix store: opening %s: %s", path.c_str(), strerror(e));
-    return;
-  }
-  // The header goes through the page cache: 32 bytes are not direct-I/O sized.
-  int hfd = direct ? open_file(path, O_RDONLY, false) : fd;
+  int fd = -1;
+  req->result = open_block(req->key, false, &fd, req->error, sizeof(req->error));
+  if (req->result != Result::kOk) return;
+  // The header goes through the page cache: 64 bytes are not direct-I/O sized.
   ShardHeader h;
-  req->result = hfd < 0 ? Result::kBackend : read_header(hfd, req->key, path, &h, req->error, sizeof(req->error));
+  req->result = read_header(fd, req->key, path, &h, req->error, sizeof(req->error));
   if (req->result == Result::kOk) {
-    const ssize_t n = pread_full(fd, req->buf, req->bytes, static_cast<off_t>(uint64_t{req->key.shard} * ctx_.shard_bytes));
+    const ssize_t n = transfer(req, fd, true);
     if (n < 0) {
       req->result = Result::kBackend;
-      std::snprintf(req->error, sizeof(req->error), "posix store: reading shard %u of %s: %s", req->key.shard,
-                    path.c_str(), strerror(static_cast<int>(-n)));
+      key_error(req->error, sizeof(req->error), req->key, path, "reading the shard: %s", strerror(static_cast<int>(-n)));
     } else if (static_cast<uint64_t>(n) != req->bytes) {
       req->result = Result::kCorrupt;
-      std::snprintf(req->error, sizeof(req->error), "posix store: shard %u of %s is truncated: %zd of %" PRIu64 " bytes",
-                    req->key.shard, path.c_str(), n, req->bytes);
+      key_error(req->error, sizeof(req->error), req->key, path, "the shard is truncated: %zd of %" PRIu64 " bytes", n,
+                req->bytes);
     } else if (checksum64(req->buf, req->bytes) != h.checksum) {
       req->result = Result::kCorrupt;
-      std::snprintf(req->error, sizeof(req->error), "posix store: shard %u of %s fails its checksum", req->key.shard,
-                    path.c_str());
+      key_error(req->error, sizeof(req->error), req->key, path, "the shard fails its checksum");
     }
   }
-  if (hfd >= 0 && hfd != fd) close(hfd);
   close(fd);
 }
 
 void PosixBackend::do_dump(IoRequest* req) {
   const std::string path = block_path(req->key.block);
-  const bool direct = aligned_for_direct(req);
-  int fd = open_file(path, O_RDWR | O_CREAT, direct);
-  if (fd < 0) {
-    req->result = Result::kBackend;
-    std::snprintf(req->error, sizeof(req->error), "posix store: creating %s: %s", path.c_str(), strerror(errno));
-    return;
-  }
-  int hfd = direct ? open_file(path, O_RDWR, false) : fd;
+  int fd = -1;
+  req->result = open_block(req->key, true, &fd, req->error, sizeof(req->error));
+  if (req->result != Result::kOk) return;
   ShardHeader h{};
   h.magic = kShardHeaderMagic;
+  h.block_hi = req->key.block.hi;
+  h.block_lo = req->key.block.lo;
+  h.shard = req->key.shard;
   h.length = req->bytes;
   h.checksum = checksum64(req->buf, req->bytes);
-  h.shard = req->key.shard;
   h.check = header_check(h);
-  const ssize_t n = pwrite_full(fd, req->buf, req->bytes, static_cast<off_t>(uint64_t{req->key.shard} * ctx_.shard_bytes));
+  const ssize_t n = transfer(req, fd, false);
   ssize_t hn = 0;
   if (n >= 0 && opts_.sync && fdatasync(fd) != 0) hn = -errno;
   if (n >= 0 && hn == 0)
-    hn = hfd < 0 ? -EBADF
-                 : pwrite_full(hfd, &h, sizeof(h), static_cast<off_t>(index_off_ + uint64_t{req->key.shard} * sizeof(h)));
+    hn = pwrite_full(fd, &h, sizeof(h), static_cast<off_t>(index_off_ + uint64_t{req->key.shard} * sizeof(h)));
   if (n < 0 || hn < 0) {
     req->result = Result::kBackend;
-    std::snprintf(req->error, sizeof(req->error), "posix store: writing shard %u %s %s: %s", req->key.shard,
-                  n < 0 ? "to" : "header to", path.c_str(), strerror(static_cast<int>(n < 0 ? -n : -hn)));
+    key_error(req->error, sizeof(req->error), req->key, path, "writing the %s: %s", n < 0 ? "shard" : "header",
+              strerror(static_cast<int>(n < 0 ? -n : -hn)));
   } else {
     req->result = Result::kOk;
   }
-  if (hfd >= 0 && hfd != fd) close(hfd);
   close(fd);
 }
 
 void PosixBackend::touch(const BlockId* blocks, size_t n) {
   counters_.touches.fetch_add(n, std::memory_order_relaxed);
+  char err[sizeof(IoRequest::error)];
   for (size_t i = 0; i < n; ++i) {
-    int fd = open(block_path(blocks[i]).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;  // not stored here: nothing to keep warm
+    Key k;
+    k.block = blocks[i];
+    int fd = -1;
+    // Not stored here, or not a file of ours: nothing to keep warm.
+    if (open_block(k, false, &fd, err, sizeof(err)) != Result::kOk) continue;
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     close(fd);
   }
@@ -292,16 +474,16 @@ void PosixBackend::touch(const BlockId* blocks, size_t n) {
 Result PosixBackend::exists(const Key& k, bool* out) {
   *out = false;
   if (k.shard >= ctx_.shards_per_block) return Result::kOk;
-  const std::string path = block_path(k.block);
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Result::kOk;
-    return fail(Result::kBackend, "posix store: opening %s: %s", path.c_str(), strerror(errno));
-  }
+  char err[sizeof(IoRequest::error)];
+  int fd = -1;
+  Result r = open_block(k, false, &fd, err, sizeof(err));
+  if (r == Result::kNotFound) return Result::kOk;
+  if (r != Result::kOk) return fail(r, "%s", err);
   ShardHeader h;
-  char err[160];
-  const Result r = read_header(fd, k, path, &h, err, sizeof(err));
+  r = read_header(fd, k, block_path(k.block), &h, err, sizeof(err));
   close(fd);
+  // A shard that fails its checks is not held (a load would fail it); only a
+  // read error leaves the answer unknown.
   *out = r == Result::kOk;
   if (r == Result::kBackend) return fail(r, "%s", err);
   return Result::kOk;

@@ -3,23 +3,46 @@
 //
 // File layout (`<dir>/<block id as 32 hex digits>.ucmblk`, sparse):
 //   [shard 0][shard 1]...[shard n-1] at offset s * shard_bytes
-//   [index: n ShardHeader of 32 bytes] at round_up(n * shard_bytes, 4096)
-// A dump writes the shard's bytes, then its header (magic, length, a checksum
-// of the bytes, a check of the header itself). A load reads the header and the
-// bytes and verifies both; a shard that was never completely written (no
-// header, an old header over new bytes, a truncated file, a flipped bit) is a
-// failed load, never data. A failing dump (disk full, file size limit) leaves
-// every other shard as it was.
+//   [index: n ShardHeader of 64 bytes] at round_up(n * shard_bytes, 4096)
+// A dump writes the shard's bytes, then its header (magic, the full key it was
+// written under, length, a checksum of the bytes, a check of the header
+// itself). A load reads the header and the bytes and verifies both: a header
+// of another key (a block file under another block's name: a copy, a restore,
+// a tool's bug), of another length, of the older format, a truncated shard, a
+// flipped bit is Result::kCorrupt naming the key and the file (it will not
+// heal: never retry it); a shard never written is kNotFound. A failing dump
+// (disk full, file size limit) leaves every other shard as it was.
+//
+// The directory is a trust boundary (README "The store directory is a trust
+// boundary"). create() refuses a directory that is not owned by the job's
+// effective user or that group or others may write: they could plant or
+// replace block files. The directory is opened once and every block file is
+// opened relative to it (openat), with O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+// then fstat()ed: anything but a regular file owned by the job's user (a
+// symlink, a FIFO, a directory, another user's file) is refused, never
+// followed, never waited on. Files are created with file_mode (0600). The
+// store creates no directories.
 //
 // I/O runs on `depth` threads. O_DIRECT is used when the file system accepts it
-// and the buffer, length and offset are 4 KiB aligned (direct=auto), always
-// (on: init fails where it cannot), or never (off). touch() asks the OS to keep
+// and the buffer, length and offset meet its alignment (statx STATX_DIOALIGN
+// on a file there; 4096 where the kernel does not say), direct=auto; always
+// where aligned (on: init fails where the file system refuses O_DIRECT); or
+// never (off). A direct transfer the file system still refuses (EINVAL) is
+// redone buffered on the same request, which is marked direct_fallback; the
+// store then stops trying direct I/O (logged once). touch() asks the OS to keep
 // the blocks' files resident (POSIX_FADV_WILLNEED).
 //
-// Spec: posix:/path[,depth=8][,direct=auto|on|off][,sync=0|1]
+// Spec: posix:/path[,depth=8][,direct=auto|on|off][,sync=0|1][,file_mode=0600]
 //   sync=1 fdatasync()s the shard before writing its header (durable dumps).
+//   file_mode: octal permission bits of the block files, at least 0600; the
+//   store sets them exactly (umask aside) on every file it writes.
+//   The path runs to the first ',' that starts a key=value option, so it may
+//   hold '=' and ',' (see spec.h).
 #pragma once
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -39,18 +62,30 @@ struct PosixOptions {
   uint32_t depth = 8;
   DirectMode direct = DirectMode::kAuto;
   bool sync = false;
+  uint32_t file_mode = 0600;
+  // Not in the spec: the direct-I/O alignment to assume instead of what the
+  // kernel reports (0: ask the kernel). Lets a test make the kernel refuse a
+  // direct transfer the store believes aligned, the case the fallback is for.
+  uint32_t dio_align_claim = 0;
 };
 
 // On disk: ABI of the store's files. Change it, bump kShardHeaderMagic.
+// 64 bytes, so a header never straddles a sector or a page.
 struct ShardHeader {
   uint64_t magic;     // kShardHeaderMagic: this shard was completely written
+  uint64_t block_hi;  // the key the shard was written under: a file under
+  uint64_t block_lo;  //   another block's name is caught here
+  uint32_t shard;     //   (and a header at another shard's place)
+  uint32_t reserved0; // 0
   uint64_t length;    // bytes of the shard (= shard_bytes of the writer)
   uint64_t checksum;  // checksum64 of the shard's bytes
-  uint32_t shard;     // the shard index, against misplaced headers
-  uint32_t check;     // low 32 bits of checksum64 of the 28 bytes above
+  uint64_t reserved1; // 0
+  uint32_t reserved2; // 0
+  uint32_t check;     // low 32 bits of checksum64 of the 60 bytes above
 };
-static_assert(sizeof(ShardHeader) == 32);
-constexpr uint64_t kShardHeaderMagic = 0x3144524853435255ull;  // "URCSHRD1"
+static_assert(sizeof(ShardHeader) == 64);
+constexpr uint64_t kShardHeaderMagic = 0x3244524853435255ull;     // "URCSHRD2"
+constexpr uint64_t kShardHeaderMagicOld1 = 0x3144524853435255ull; // "URCSHRD1": 32-byte headers without the block
 
 class PosixBackend final : public Backend {
  public:
@@ -62,26 +97,40 @@ class PosixBackend final : public Backend {
   void load(IoRequest* req) override;
   void dump(IoRequest* req) override;
   void touch(const BlockId* blocks, size_t n) override;
+  // kOk with *out for a regular file of ours (a corrupt or older-format shard
+  // is "not held"); an error naming the file where its state cannot be known
+  // (unreadable, or not a regular file of this user).
   [[nodiscard]] Result exists(const Key& k, bool* out) override;
   BackendCounters counters() const override { return counters_.snapshot(); }
 
-  bool direct_io() const { return direct_ok_; }
+  // Whether direct I/O is (still) used: false once the file system refused it.
+  bool direct_io() const { return direct_ok_.load(std::memory_order_relaxed); }
+  uint32_t dio_mem_align() const { return dio_mem_align_; }
+  uint32_t dio_offset_align() const { return dio_off_align_; }
   std::string block_path(const BlockId& b) const;
   uint64_t index_offset() const { return index_off_; }
 
  private:
-  PosixBackend(const PosixOptions& o, const BackendContext& ctx);
+  PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd);
   void submit(IoRequest* req, bool is_load);
   void worker();
   void do_load(IoRequest* req);
   void do_dump(IoRequest* req);
   bool aligned_for_direct(const IoRequest* req) const;
+  Result open_block(const Key& k, bool for_dump, int* fd, char* err, size_t err_len) const;
+  ssize_t transfer(IoRequest* req, int fd, bool is_load);
+  void stop_direct(const char* why);
   Result read_header(int fd, const Key& k, const std::string& path, ShardHeader* h, char* err, size_t err_len) const;
 
   const PosixOptions opts_;
   const BackendContext ctx_;
+  const int dir_fd_;  // the store directory, opened once: every block file is opened relative to it
+  const uid_t euid_;
   uint64_t index_off_ = 0;
-  bool direct_ok_ = false;
+  uint32_t dio_mem_align_ = 4096;
+  uint32_t dio_off_align_ = 4096;
+  std::atomic<bool> direct_ok_{false};
+  std::atomic<bool> direct_refused_logged_{false};
   AtomicBackendCounters counters_;
   std::mutex mu_;
   std::condition_variable cv_;

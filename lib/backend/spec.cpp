@@ -7,6 +7,20 @@
 
 namespace ucm {
 
+namespace {
+
+// Whether an option ("key=") starts at `pos` of `text`.
+bool option_at(const std::string& text, size_t pos) {
+  if (pos >= text.size()) return false;
+  const unsigned char c0 = static_cast<unsigned char>(text[pos]);
+  if (!isalpha(c0) && c0 != '_') return false;
+  size_t i = pos + 1;
+  while (i < text.size() && (isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_')) ++i;
+  return i < text.size() && text[i] == '=';
+}
+
+}  // namespace
+
 Result parse_spec(const std::string& text, Spec* out) {
   const size_t colon = text.find(':');
   const std::string scheme = colon == std::string::npos ? text : text.substr(0, colon);
@@ -15,25 +29,32 @@ Result parse_spec(const std::string& text, Spec* out) {
   s.scheme = scheme;
   if (colon != std::string::npos) {
     const std::string rest = text.substr(colon + 1);
-    size_t pos = 0;
-    bool first = true;
-    while (pos <= rest.size()) {
+    // The positional part ends at the first ',' followed (after any further
+    // ','s) by an option or by the end of the text.
+    size_t opts = 0;
+    if (!option_at(rest, 0)) {
+      opts = rest.size();
+      for (size_t c = rest.find(','); c != std::string::npos; c = rest.find(',', c + 1)) {
+        size_t next = c;
+        while (next < rest.size() && rest[next] == ',') ++next;
+        if (next == rest.size() || option_at(rest, next)) {
+          opts = c;
+          break;
+        }
+      }
+      s.positional = rest.substr(0, opts);
+    }
+    size_t pos = opts;
+    while (pos < rest.size()) {
       size_t end = rest.find(',', pos);
       if (end == std::string::npos) end = rest.size();
       const std::string item = rest.substr(pos, end - pos);
       pos = end + 1;
-      if (item.empty()) {
-        first = false;
-        continue;
-      }
+      if (item.empty()) continue;
       const size_t eq = item.find('=');
-      if (eq == std::string::npos) {
-        if (!first) return fail(Result::kInvalidArg, "backend spec item \"%s\" is not key=value", item.c_str());
-        s.positional = item;
-      } else {
-        s.options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-      }
-      first = false;
+      if (eq == std::string::npos)
+        return fail(Result::kInvalidArg, "backend spec item \"%s\" is not key=value", item.c_str());
+      s.options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
     }
   }
   *out = std::move(s);
@@ -50,6 +71,22 @@ Result spec_u64(const std::string& name, const std::string& value, uint64_t lo, 
   if (v < lo || v > hi)
     return fail(Result::kInvalidArg, "backend option %s=%s is out of range %" PRIu64 "..%" PRIu64, name.c_str(),
                 value.c_str(), lo, hi);
+  *out = v;
+  return Result::kOk;
+}
+
+Result spec_octal(const std::string& name, const std::string& value, uint64_t hi, uint64_t* out) {
+  uint64_t v = 0;
+  for (const char ch : value) {
+    if (ch < '0' || ch > '7' || v > hi)
+      return fail(Result::kInvalidArg, "backend option %s=%s is not an octal mode (like 0600)", name.c_str(), value.c_str());
+    v = v * 8 + static_cast<uint64_t>(ch - '0');
+  }
+  if (value.empty())
+    return fail(Result::kInvalidArg, "backend option %s=%s is not an octal mode (like 0600)", name.c_str(), value.c_str());
+  if (v > hi)
+    return fail(Result::kInvalidArg, "backend option %s=%s has bits beyond the permission bits 0%" PRIo64, name.c_str(),
+                value.c_str(), hi);
   *out = v;
   return Result::kOk;
 }

@@ -34,7 +34,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 4;
+constexpr uint32_t kCtrlAbi = 5;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -138,11 +138,12 @@ struct RankCounters {
   std::atomic<uint64_t> dumps;              // shards this rank wrote through
   std::atomic<uint64_t> bytes_dumped;
   std::atomic<uint64_t> failed_shards;      // entries that failed their task
+  std::atomic<uint64_t> direct_fallbacks;   // backend I/Os refused as direct, redone buffered
   // Task latency, submit to completion: bucket i counts latencies in
   // [2^i, 2^(i+1)) microseconds (bucket 0 also holds < 1 us).
   std::atomic<uint64_t> latency_us_log2[32];
 };
-static_assert(sizeof(RankCounters) == 8 * (20 + 32));
+static_assert(sizeof(RankCounters) == 8 * (21 + 32));
 
 // One per local rank. Line 0 is the identity; the counters follow.
 struct alignas(64) RankRecord {

@@ -305,6 +305,7 @@ Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uin
 void LoadQueue::on_io_done(IoRequest* req) {
   Io* io = static_cast<Io*>(req->user);
   LoadQueue* q = io->queue;
+  if (req->direct_fallback) add(q->ctr_->direct_fallbacks, 1);
   if (io->is_load) {
     if (req->result == Result::kOk) {
       // Counted before Ready is published: a task that completes on it (here

@@ -46,6 +46,48 @@ TEST(Spec, SplitsSchemePathAndOptions) {
   EXPECT_TRUE(s.options.empty());
 }
 
+// The positional part runs to the first ',' that starts a `key=` option (key:
+// a letter or '_', then letters, digits, '_'), so a path may hold '=' and ','.
+TEST(Spec, APathMayHoldEqualsSignsAndCommas) {
+  const struct {
+    const char* text;
+    const char* positional;
+    size_t options;
+  } cases[] = {
+      {"posix:/data/run=5", "/data/run=5", 0},
+      {"posix:/data/run=5,depth=3", "/data/run=5", 1},
+      {"posix:/a=b=c,direct=off,sync=1", "/a=b=c", 2},
+      {"posix:/a,b/c,depth=2", "/a,b/c", 1},
+      {"posix:/x=1,y", "/x=1,y", 0},
+      {"posix:/p,9=s,depth=1", "/p,9=s", 1},
+      {"posix:./k=v", "./k=v", 0},
+      {"posix:/a,", "/a", 0},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    Spec s;
+    ASSERT_EQ(res(parse_spec(c.text, &s)), res(Result::kOk)) << last_error();
+    EXPECT_EQ(s.positional, c.positional);
+    EXPECT_EQ(s.options.size(), c.options);
+  }
+  // What cannot be a path: an item of the form key=... right after the scheme
+  // is an option, so a relative path of that form is written ./key=...
+  Spec s;
+  ASSERT_EQ(res(parse_spec("posix:run=5", &s)), res(Result::kOk));
+  EXPECT_TRUE(s.positional.empty());
+  expect_rejected("posix:run=5", {"directory", "./"});
+}
+
+TEST(Spec, BadFileModesAreNamed) {
+  expect_rejected("posix:/tmp,file_mode=0999", {"file_mode=0999", "octal"});
+  expect_rejected("posix:/tmp,file_mode=rw", {"file_mode=rw", "octal"});
+  expect_rejected("posix:/tmp,file_mode=", {"file_mode="});
+  expect_rejected("posix:/tmp,file_mode=-600", {"file_mode=-600"});
+  expect_rejected("posix:/tmp,file_mode=04600", {"file_mode=04600", "0777"});
+  expect_rejected("posix:/tmp,file_mode=0400", {"file_mode=0400", "0600"});
+  expect_rejected("posix:/tmp,file_mode=0200", {"file_mode=0200", "0600"});
+}
+
 TEST(Spec, UnknownSchemeIsNamed) {
   expect_rejected("s3:bucket", {"s3"});
   expect_rejected("Sim:latency_us=1", {"Sim"});
