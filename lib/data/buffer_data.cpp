@@ -6,8 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "common/log.h"
@@ -27,7 +32,112 @@ int make_memfd(bool huge) {
   return memfd_create(huge ? "ucmcache-data-huge" : "ucmcache-data", flags);
 }
 
+// A value of /proc/meminfo in bytes, 0 if absent.
+uint64_t meminfo_bytes(const char* field) {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(f, line)) {
+    if (line.compare(0, n, field) != 0 || line.size() <= n || line[n] != ':') continue;
+    unsigned long long v = 0;
+    char unit[8] = {};
+    const int got = std::sscanf(line.c_str() + n + 1, "%llu %7s", &v, unit);
+    if (got < 1) return 0;
+    return got == 2 && std::strcmp(unit, "kB") == 0 ? v * 1024 : v;
+  }
+  return 0;
+}
+
+// One number from a cgroup file; "max" (v2) and absurd v1 limits are no limit.
+bool cgroup_number(const std::string& path, uint64_t* out) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v)) return false;
+  if (v == "max") {
+    *out = UINT64_MAX;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0') return false;
+  *out = x >= (1ull << 62) ? UINT64_MAX : x;  // v1 writes "no limit" as ~2^63
+  return true;
+}
+
+// inactive_file of a cgroup's memory.stat: page cache the kernel reclaims first.
+uint64_t cgroup_inactive_file(const std::string& dir, bool v2) {
+  std::ifstream f(dir + "/memory.stat");
+  std::string k;
+  uint64_t v = 0;
+  const char* want = v2 ? "inactive_file" : "total_inactive_file";
+  while (f >> k >> v)
+    if (k == want) return v;
+  return 0;
+}
+
+// Bytes the memory cgroup of this process may still charge, UINT64_MAX when
+// it has no limit or none can be read (containers often hide the path).
+uint64_t cgroup_remaining() {
+  std::ifstream f("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(f, line)) {
+    // "0::/path" (v2) or "N:memory:/path" (v1).
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string ctrls = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    const bool v2 = ctrls.empty();
+    if (!v2 && ctrls != "memory" && ctrls.find("memory") == std::string::npos) continue;
+    const char* roots_v2[] = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
+    const char* roots_v1[] = {"/sys/fs/cgroup/memory"};
+    const char* const* roots = v2 ? roots_v2 : roots_v1;
+    const size_t nroots = v2 ? 2 : 1;
+    for (size_t i = 0; i < nroots; ++i) {
+      for (const std::string& dir : {std::string(roots[i]) + path, std::string(roots[i])}) {
+        uint64_t limit = 0, usage = 0;
+        if (!cgroup_number(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"), &limit)) continue;
+        if (!cgroup_number(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"), &usage)) continue;
+        if (limit == UINT64_MAX) break;  // this hierarchy has no limit here
+        const uint64_t used = usage - std::min(usage, cgroup_inactive_file(dir, v2));
+        return limit > used ? limit - used : 0;
+      }
+    }
+  }
+  return UINT64_MAX;
+}
+
+// Faults every page of a fresh mapping in now, so that a page the kernel
+// cannot give is an error here rather than a SIGBUS in a copier later.
+// Returns 0, or the errno; EINVAL (a kernel before 5.14) is not an error.
+int populate(void* base, uint64_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  int e;
+  do e = madvise(base, bytes, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+  while (e == EINTR);
+  return e == EINVAL ? 0 : e;
+#else
+  (void)base;
+  (void)bytes;
+  return 0;
+#endif
+}
+
 }  // namespace
+
+MemoryBudget memory_budget() {
+  MemoryBudget m;
+  m.available = meminfo_bytes("MemAvailable");
+  m.available_from = "MemAvailable";
+  const uint64_t cg = cgroup_remaining();
+  if (cg != UINT64_MAX && (m.available == 0 || cg < m.available)) {
+    m.available = cg;
+    m.available_from = "the memory cgroup's remaining limit";
+  }
+  m.hugepages_free = meminfo_bytes("HugePages_Free") * kHugePageBytes;
+  return m;
+}
 
 bool hugepages_available(uint64_t bytes) {
   bytes = round_up(bytes, kHugePageBytes);
@@ -64,6 +174,7 @@ BufferData& BufferData::operator=(BufferData&& o) noexcept {
     segments_ = o.segments_;
     pow2_ = o.pow2_;
     hugetlb_ = o.hugetlb_;
+    pages_note_ = std::move(o.pages_note_);
     o.bases_.clear();
     o.fds_.clear();
     o.map_bytes_.clear();
@@ -129,35 +240,83 @@ Result BufferData::map_segment(int fd, uint64_t bytes) {
   return Result::kOk;
 }
 
+Result BufferData::make_segments(const DataParams& p, bool huge) {
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < segments_; ++s) {
+    const uint64_t bytes = segment_bytes_for(s, huge);
+    int fd;
+    UCM_SYSCHECK(fd = make_memfd(huge), "memfd_create(data segment)");
+    fds_.push_back(fd);
+    UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(bytes)), "ftruncate(data segment)");
+    UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, data)");
+    // A shared hugetlb mapping reserves its pages here: this is where a
+    // segment finds that another process took them.
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+      return fail(Result::kNoMemory, "mmap(data segment %u of %u, %" PRIu64 " bytes%s): %s", s, segments_, bytes,
+                  huge ? " of 2 MiB pages" : "", strerror(errno));
+    bases_.push_back(static_cast<uint8_t*>(m));
+    map_bytes_.push_back(bytes);
+    total += bytes;
+    // Only a hint: the kernel may not back shmem with huge pages.
+    if (!huge) (void)madvise(m, bytes, MADV_HUGEPAGE);
+    if (p.after_segment) p.after_segment(s, p.after_segment_ctx);
+  }
+  if (p.allow_overcommit) return Result::kOk;
+  for (uint32_t s = 0; s < segments_; ++s) {
+    const int e = populate(bases_[s], map_bytes_[s]);
+    if (e != 0)
+      return fail(Result::kNoMemory, "populating data segment %u of %u (%" PRIu64 " bytes%s, %" PRIu64
+                  " bytes in all): %s", s, segments_, map_bytes_[s], huge ? " of 2 MiB pages" : "", total, strerror(e));
+  }
+  return Result::kOk;
+}
+
 Result BufferData::create(const DataParams& params, BufferData* out) {
   BufferData d;
   UCM_CHECK(d.plan(params));
-  bool huge = false;
-  if (params.hugepages != HugePolicy::kOff) {
-    uint64_t all = 0;
-    for (uint32_t s = 0; s < d.segments_; ++s) all += d.segment_bytes_for(s, true);
-    huge = hugepages_available(all);
-    if (!huge && params.hugepages == HugePolicy::kOn)
-      return fail(Result::kUnsupported,
-                  "hugepages=on but %" PRIu64 " bytes of 2 MiB hugepages cannot be mapped "
-                  "(reserve them: echo N > /proc/sys/vm/nr_hugepages)",
-                  all);
-  }
-  d.hugetlb_ = huge;
+  const MemoryBudget budget = memory_budget();
+  uint64_t huge_bytes = 0, plain_bytes = 0;
   for (uint32_t s = 0; s < d.segments_; ++s) {
-    const uint64_t bytes = d.segment_bytes_for(s, huge);
-    int fd;
-    UCM_SYSCHECK(fd = make_memfd(huge), "memfd_create(data segment)");
-    d.fds_.push_back(fd);
-    UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(bytes)), "ftruncate(data segment)");
-    UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, data)");
-    UCM_CHECK(d.map_segment(fd, bytes));
-    // Only a hint: the kernel may not back shmem with huge pages.
-    if (!huge) (void)madvise(d.bases_.back(), bytes, MADV_HUGEPAGE);
+    huge_bytes += d.segment_bytes_for(s, true);
+    plain_bytes += d.segment_bytes_for(s, false);
   }
-  UCM_INFO(kData, "data plane: %u segments of %u slots x %" PRIu64 " bytes, %s, addressing %s", d.segments_, d.sps_,
-           d.slot_bytes_, huge ? "MFD_HUGETLB 2 MiB pages" : "regular memfd + MADV_HUGEPAGE",
-           d.pow2_ ? "shift/mask" : "div/mod");
+  if (params.hugepages != HugePolicy::kOff) {
+    // No probe first: the mapping itself is the only test that counts.
+    Result r = d.make_segments(params, true);
+    if (r == Result::kOk) {
+      d.hugetlb_ = true;
+      d.pages_note_ = "2 MiB hugetlb pages";
+    } else {
+      const std::string why = last_error();
+      const uint64_t free_now = memory_budget().hugepages_free;
+      d.reset();
+      if (params.hugepages == HugePolicy::kOn)
+        return fail(Result::kUnsupported,
+                    "hugepages=on but the data plane's %" PRIu64 " bytes of 2 MiB hugepages cannot be had (%" PRIu64
+                    " bytes free before, %" PRIu64 " now; %s); reserve them: echo N > /proc/sys/vm/nr_hugepages",
+                    huge_bytes, budget.hugepages_free, free_now, why.c_str());
+      char note[320];
+      std::snprintf(note, sizeof(note),
+                    "ordinary pages: hugepages=auto fell back (%" PRIu64 " bytes of 2 MiB pages wanted, %" PRIu64
+                    " free: %s)", huge_bytes, budget.hugepages_free, why.c_str());
+      d.pages_note_ = note;
+      UCM_INFO(kData, "%s", note);
+    }
+  } else {
+    d.pages_note_ = "ordinary pages (hugepages=off)";
+  }
+  if (!d.hugetlb_) {
+    if (!params.allow_overcommit && budget.available != 0 && plain_bytes > budget.available)
+      return fail(Result::kNoMemory,
+                  "the data plane needs %" PRIu64 " bytes, more than the %" PRIu64
+                  " bytes this node can give it now (%s): lower cache_bytes, or allow overcommit",
+                  plain_bytes, budget.available, budget.available_from.c_str());
+    UCM_CHECK(d.make_segments(params, false));
+  }
+  UCM_INFO(kData, "data plane: %u segments of %u slots x %" PRIu64 " bytes, %s, addressing %s%s", d.segments_, d.sps_,
+           d.slot_bytes_, d.hugetlb_ ? "MFD_HUGETLB 2 MiB pages" : "regular memfd + MADV_HUGEPAGE",
+           d.pow2_ ? "shift/mask" : "div/mod", params.allow_overcommit ? ", not populated (overcommit)" : ", populated");
   *out = std::move(d);
   return Result::kOk;
 }
@@ -182,7 +341,16 @@ Result BufferData::attach(const DataParams& params, bool hugetlb, const int* fds
     UCM_SYSCHECK(fd = fcntl(fds[s], F_DUPFD_CLOEXEC, 0), "dup(data segment fd)");
     d.fds_.push_back(fd);
     UCM_CHECK(d.map_segment(fd, bytes));
+    // The creator allocated the pages; this maps them, so the copier takes no
+    // page faults and a mapping the kernel cannot complete fails here.
+    if (!params.allow_overcommit) {
+      const int e = populate(d.bases_.back(), bytes);
+      if (e != 0)
+        return fail(Result::kNoMemory, "populating the mapping of data segment %u (%" PRIu64 " bytes): %s", s, bytes,
+                    strerror(e));
+    }
   }
+  d.pages_note_ = hugetlb ? "2 MiB hugetlb pages" : "ordinary pages (chosen by local rank 0)";
   *out = std::move(d);
   return Result::kOk;
 }

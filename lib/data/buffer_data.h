@@ -2,10 +2,22 @@
 //
 // Segments are memfds, sealed against resizing, each holding slots_per_segment
 // slots back to back. With hugepages (policy auto or on) a segment is created
-// with MFD_HUGETLB (2 MiB pages) and a trial mmap; the kernel may accept the
-// memfd and ftruncate yet have no pages, which shows only there. Without them
-// (auto falls back, off never tries) it is an ordinary memfd with
-// MADV_HUGEPAGE. Which one was used is reported by hugetlb() and logged.
+// with MFD_HUGETLB (2 MiB pages); the kernel may accept the memfd and ftruncate
+// yet have no pages, which shows only at the mmap (or, under a hugetlb cgroup
+// limit, only at the first touch, as a SIGBUS). So there is no separate probe:
+// every segment is mapped and populated (MADV_POPULATE_WRITE) by its creator,
+// and the first segment that fails decides. Another process may take the pages
+// at any moment, so a probe that succeeded proves nothing about the mapping
+// after it. With auto, a failure at any segment drops the hugetlb segments made
+// so far and builds the whole plane on ordinary memfds (with MADV_HUGEPAGE);
+// why is kept in pages_note() and logged. With on, it is an error naming the
+// segment, the bytes and the free hugepages. Off never tries.
+//
+// Memory is checked before anything is made: a plane larger than the node can
+// give (MemAvailable, and a memory cgroup's limit; for hugetlb, the free 2 MiB
+// pages) is refused with both numbers, unless allow_overcommit says the caller
+// wants lazily allocated memory (then nothing is populated either, and a page
+// the kernel cannot give later is the caller's risk).
 //
 // slot -> address: when slot_bytes and slots_per_segment are powers of two
 // (the configuration rounds toward that), a shift and a mask; otherwise a
@@ -18,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/result.h"
@@ -31,6 +44,12 @@ struct DataParams {
   uint32_t total_slots = 0;
   uint64_t segment_bytes = 1ull << 30;  // upper bound per segment; at least one slot
   HugePolicy hugepages = HugePolicy::kAuto;
+  // Skip the memory check and the populate step (the config's allow_overcommit).
+  bool allow_overcommit = false;
+  // Tests only: runs after segment `seg` is mapped and populated, so a test can
+  // let a real competitor take hugepages at that exact point.
+  void (*after_segment)(uint32_t seg, void* ctx) = nullptr;
+  void* after_segment_ctx = nullptr;
 };
 
 constexpr uint64_t kHugePageBytes = 2ull << 20;
@@ -56,6 +75,9 @@ class BufferData {
 
   bool valid() const { return !bases_.empty(); }
   bool hugetlb() const { return hugetlb_; }
+  // How the pages were chosen, for ucm_cache_info: "2 MiB hugetlb pages", or
+  // why hugepages=auto fell back to ordinary pages.
+  const std::string& pages_note() const { return pages_note_; }
   bool pow2_addressing() const { return pow2_; }
   uint32_t slots_per_segment() const { return sps_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -70,6 +92,7 @@ class BufferData {
   Result plan(const DataParams& p);
   uint64_t segment_bytes_for(size_t seg, bool huge) const;
   Result map_segment(int fd, uint64_t bytes);
+  Result make_segments(const DataParams& p, bool huge);
   void reset();
 
   std::vector<uint8_t*> bases_;
@@ -84,9 +107,21 @@ class BufferData {
   uint32_t segments_ = 0;
   bool pow2_ = false;
   bool hugetlb_ = false;
+  std::string pages_note_;
 };
 
-// Whether a MFD_HUGETLB segment of `bytes` can be created and mapped right now.
+// Whether a MFD_HUGETLB segment of `bytes` can be created and mapped right now
+// (a hint: another process may take the pages the next moment).
 bool hugepages_available(uint64_t bytes);
+
+// What the node can give a new data plane now, in bytes: MemAvailable, capped
+// by the memory cgroup's remaining limit (v2 memory.max, v1 limit_in_bytes),
+// and the free 2 MiB hugepages. 0 when unknown. `*what` says where each came from.
+struct MemoryBudget {
+  uint64_t available = 0;       // ordinary pages
+  uint64_t hugepages_free = 0;  // bytes of free 2 MiB hugetlb pages
+  std::string available_from;   // "MemAvailable" or "memory cgroup limit"
+};
+MemoryBudget memory_budget();
 
 }  // namespace ucm

@@ -13,11 +13,16 @@ struct ProcessIdentity {
   uint64_t start_ticks = 0;
 };
 
-// The calling process.
+// The calling process. start_ticks is 0 when /proc/self/stat cannot be read
+// (no /proc in this mount namespace): such a process cannot be told from a
+// later one with its pid, so it must not put this identity in a shared record.
 ProcessIdentity self_identity();
 
-// True while the named process exists and is not a zombie. A pid that now
-// belongs to another process (different start time) is dead.
+// True while some thread of the named process runs (a process whose main
+// thread exited while others run shows 'Z' for its pid, and is alive). A pid
+// that now belongs to another process (different start time) is dead. Where
+// /proc cannot be read, a process is alive while kill(pid, 0) finds it (no
+// pid-reuse guard then: callers bound their waits).
 bool is_alive(const ProcessIdentity& id);
 
 // Start time of `pid` in clock ticks since boot; 0 if it does not exist.
@@ -27,7 +32,7 @@ uint64_t read_start_ticks(int32_t pid, char* state);
 }  // namespace ucm
 
 namespace ucm {
-// True while `pid` exists and is not a zombie (no pid-reuse guard: for the
-// short windows of bootstrap, where only the pid is known).
+// True while some thread of `pid` runs (no pid-reuse guard: for the short
+// windows of bootstrap, where only the pid is known).
 bool pid_running(int32_t pid);
 }  // namespace ucm

@@ -5,6 +5,9 @@
 
 #include <cstring>
 
+#include <sched.h>
+#include <sys/mount.h>
+
 #include <gtest/gtest.h>
 
 #include "common/test_util.h"
@@ -180,6 +183,26 @@ TEST(CtrlRanks, JoinRefusesALiveHolderAndNamesIt) {
   c.leave(1);
   EXPECT_FALSE(c.rank_alive(1));
   EXPECT_EQ(c.join(1), Result::kOk);
+}
+
+// A rank records (pid, start time) so that peers can tell it from a later
+// process with its pid. One that cannot read its start time must not join
+// with a 0 there: every peer would judge it dead and steal its locks.
+TEST(CtrlRanks, ARankThatCannotEstablishItsIdentityFailsJoinClearly) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+  pid_t child = fork_child([&] {
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("none", "/proc", "tmpfs", 0, nullptr) != 0)
+      return 77;
+    if (c.join(2) != Result::kSystem) return 1;
+    if (last_error().find("cannot establish its own identity") == std::string::npos) return 2;
+    if (c.rank(2).state.load() != static_cast<uint32_t>(RankState::kFree)) return 3;  // the record is left free
+    return 0;
+  });
+  const int rc = wait_child(child, 10000);
+  if (rc == 77) GTEST_SKIP() << "cannot hide /proc in a mount namespace here (needs root)";
+  EXPECT_EQ(rc, 0) << "1: join did not fail with kSystem, 2: the message does not say why, 3: record left taken";
 }
 
 }  // namespace

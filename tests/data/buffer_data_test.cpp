@@ -1,11 +1,13 @@
 // The data plane: slot addressing (shift/mask and div/mod), sharing through
 // fds, seals, and the hugepage choice.
 #include <fcntl.h>
+#include <linux/memfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <string>
@@ -171,6 +173,133 @@ TEST(DataPlane, WithoutHugepagesAutoFallsBackAndOnIsAClearError) {
   EXPECT_NE(last_error().find("hugepages=on"), std::string::npos) << last_error();
   ASSERT_EQ(BufferData::create(dparams(4096, 16, 16 * 4096, HugePolicy::kOff), &d), Result::kOk);
   EXPECT_FALSE(d.hugetlb());
+}
+
+// Reserves `extra` more 2 MiB pages for the life of the object and restores the
+// old count in its destructor, which also runs when an ASSERT ends the test.
+class HugepageReservation {
+ public:
+  explicit HugepageReservation(long extra) : before_(read_nr_hugepages()) {
+    if (before_ < 0) {
+      why_ = "no /proc/sys/vm/nr_hugepages on this kernel";
+      return;
+    }
+    if (!write_nr_hugepages(before_ + extra) || read_nr_hugepages() < before_ + extra) {
+      why_ = "cannot reserve hugepages here (not root, a read-only /proc/sys, or no free memory)";
+      return;
+    }
+    ok_ = true;
+  }
+  ~HugepageReservation() {
+    if (before_ >= 0) write_nr_hugepages(before_);
+  }
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  long before_;
+  bool ok_ = false;
+  std::string why_;
+};
+
+// Takes every free 2 MiB page it can, one MFD_HUGETLB mapping each, until the
+// kernel says no: a real competitor, as another job on the node would be.
+struct HugepageHog {
+  std::vector<std::pair<int, void*>> held;
+  void take_all() {
+    for (;;) {
+      int fd = memfd_create("hog", MFD_CLOEXEC | MFD_HUGETLB | MFD_HUGE_2MB);
+      if (fd < 0) return;
+      void* m = MAP_FAILED;
+      if (ftruncate(fd, 2 << 20) == 0) m = mmap(nullptr, 2 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m == MAP_FAILED) {
+        close(fd);
+        return;
+      }
+      held.emplace_back(fd, m);
+    }
+  }
+  ~HugepageHog() {
+    for (auto& [fd, m] : held) {
+      munmap(m, 2 << 20);
+      close(fd);
+    }
+  }
+};
+
+// Two segments of two 2 MiB pages each; the hog takes every free page right
+// after segment 0 is mapped, so segment 1 finds none: the pages a probe saw
+// were gone by the mapping.
+void create_with_pages_taken_after_segment_0(HugePolicy policy, BufferData* d, Result* r) {
+  HugepageHog hog;
+  DataParams p = dparams(2 << 20, 4, 4 << 20, policy);
+  p.after_segment = [](uint32_t seg, void* ctx) {
+    if (seg == 0) static_cast<HugepageHog*>(ctx)->take_all();
+  };
+  p.after_segment_ctx = &hog;
+  *r = BufferData::create(p, d);
+}
+
+TEST(DataPlane, HugepagesTakenBetweenSegmentsMakeAutoFallBackToOrdinaryPages) {
+  HugepageReservation pages(4);
+  if (!pages.ok()) GTEST_SKIP() << pages.why();
+  BufferData d;
+  Result r;
+  create_with_pages_taken_after_segment_0(HugePolicy::kAuto, &d, &r);
+  ASSERT_EQ(r, Result::kOk) << last_error();
+  EXPECT_FALSE(d.hugetlb());
+  EXPECT_EQ(d.segment_count(), 2u);
+  EXPECT_NE(d.pages_note().find("hugepages=auto fell back"), std::string::npos) << d.pages_note();
+  EXPECT_NE(d.pages_note().find("data segment 1 of 2"), std::string::npos) << d.pages_note();
+  for (uint32_t s = 0; s < 4; ++s) std::memset(d.at(s), 0x5a, 2 << 20);  // every byte is usable
+}
+
+TEST(DataPlane, HugepagesTakenBetweenSegmentsMakeOnAClearError) {
+  HugepageReservation pages(4);
+  if (!pages.ok()) GTEST_SKIP() << pages.why();
+  BufferData d;
+  Result r;
+  create_with_pages_taken_after_segment_0(HugePolicy::kOn, &d, &r);
+  EXPECT_EQ(r, Result::kUnsupported);
+  EXPECT_NE(last_error().find("hugepages=on"), std::string::npos) << last_error();
+  EXPECT_NE(last_error().find("data segment 1 of 2"), std::string::npos) << last_error();
+  EXPECT_NE(last_error().find("nr_hugepages"), std::string::npos) << last_error();
+  EXPECT_FALSE(d.valid());
+}
+
+// Every page is there when create() returns: a page the kernel cannot give is
+// an error of create(), never a SIGBUS in a copier later.
+TEST(DataPlane, SegmentsArePopulatedWhenCreatedAndAttached) {
+  BufferData d;
+  ASSERT_EQ(BufferData::create(dparams(4096, 512, 128 * 4096), &d), Result::kOk) << last_error();
+  auto resident = [](void* base, uint64_t bytes) {
+    std::vector<unsigned char> v(bytes / 4096);
+    EXPECT_EQ(mincore(base, bytes, v.data()), 0) << strerror(errno);
+    size_t n = 0;
+    for (unsigned char c : v) n += c & 1;
+    return n;
+  };
+  for (size_t s = 0; s < d.segment_count(); ++s)
+    EXPECT_EQ(resident(d.segment_base(s), d.segment_map_bytes(s)), d.segment_map_bytes(s) / 4096) << "segment " << s;
+}
+
+TEST(DataPlane, APlaneLargerThanTheNodeCanGiveIsRefusedUnlessOvercommitIsAllowed) {
+  const MemoryBudget m = memory_budget();
+  ASSERT_GT(m.available, 0u) << "MemAvailable unreadable";
+  // Twice what the node has, in 1 GiB segments; sparse, so asking costs nothing.
+  const uint64_t slot = 1 << 20;
+  DataParams p = dparams(slot, static_cast<uint32_t>(std::min<uint64_t>(2 * m.available / slot + 1, 1u << 31)), 1ull << 30,
+                         HugePolicy::kOff);
+  BufferData d;
+  EXPECT_EQ(BufferData::create(p, &d), Result::kNoMemory);
+  const std::string need = std::to_string(uint64_t{p.total_slots} * slot);
+  EXPECT_NE(last_error().find("needs " + need + " bytes, more than the "), std::string::npos)
+      << "the message names both numbers: " << last_error();
+  EXPECT_NE(last_error().find("allow overcommit"), std::string::npos) << last_error();
+  EXPECT_FALSE(d.valid());
+  p.allow_overcommit = true;
+  ASSERT_EQ(BufferData::create(p, &d), Result::kOk) << last_error();
+  std::memset(d.at(0), 1, slot);  // lazily allocated, still usable
 }
 
 }  // namespace

@@ -1,5 +1,11 @@
 // Futex wait/wake and the holder-naming shared lock, across real processes.
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+
+#include <functional>
 
 #include <atomic>
 #include <thread>
@@ -78,6 +84,76 @@ TEST(ProcessIdentity, AZombieIsDead) {
   }
   EXPECT_FALSE(is_alive(*id));
   wait_child(child, 10000);
+}
+
+// A process whose main thread called pthread_exit shows 'Z' in /proc/<pid>/stat
+// while its other threads still run: it is alive until the last thread ends.
+TEST(ProcessIdentity, AProcessWhoseMainThreadExitedLivesWhileAnotherThreadRuns) {
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(go[1]);
+    pthread_t t;
+    pthread_create(
+        &t, nullptr,
+        [](void* fd) -> void* {
+          char c;
+          (void)!read(static_cast<int>(reinterpret_cast<intptr_t>(fd)), &c, 1);  // until the parent writes or dies
+          _exit(0);
+        },
+        reinterpret_cast<void*>(static_cast<intptr_t>(go[0])));
+    // What pthread_exit ends in, without unwinding through gtest's frames:
+    // the exit of this one thread, not of the thread group.
+    syscall(SYS_exit, 0);
+  }
+  close(go[0]);
+  ProcessIdentity id;
+  id.pid = child;
+  char st = '?';
+  const uint64_t deadline = deadline_after_ms(10000);
+  while ((id.start_ticks = read_start_ticks(child, &st)) != 0 && st != 'Z' && now_ns() < deadline) usleep(1000);
+  ASSERT_EQ(st, 'Z') << "the main thread of " << child << " never showed as exited";
+  EXPECT_TRUE(is_alive(id)) << "a thread of pid " << child << " still runs";
+  EXPECT_TRUE(pid_running(child));
+  ASSERT_EQ(write(go[1], "x", 1), 1);
+  close(go[1]);
+  // Not reaped: every thread is gone, so it is dead, zombie or not.
+  while (is_alive(id) && now_ns() < deadline) usleep(1000);
+  EXPECT_FALSE(is_alive(id));
+  EXPECT_FALSE(pid_running(child));
+  EXPECT_EQ(wait_child(child, 10000), 0);
+}
+
+// Runs `body` in a child whose /proc is hidden (a tmpfs mounted over it in a
+// private mount namespace); returns its exit code, or -1 when this machine
+// does not allow that (not root, no user namespaces).
+int with_proc_hidden(const std::function<int()>& body) {
+  pid_t child = fork_child([&] {
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
+    if (mount("none", "/proc", "tmpfs", 0, nullptr) != 0) return 77;
+    return body();
+  });
+  const int rc = wait_child(child, 10000);
+  return rc == 77 ? -1 : rc;
+}
+
+TEST(ProcessIdentity, WithoutProcAProcessCannotNameItselfAndPeersAreNotJudgedDead) {
+  const ProcessIdentity parent = self_identity();
+  pid_t gone = fork_child([] { return 0; });
+  ASSERT_EQ(wait_child(gone, 10000), 0);
+  const int rc = with_proc_hidden([&] {
+    if (access("/proc/self/stat", R_OK) == 0) return 10;  // the mount did not hide it
+    if (self_identity().start_ticks != 0) return 11;     // an identity made up of nothing
+    if (!is_alive(parent)) return 12;                    // a live peer judged dead
+    if (pid_running(gone)) return 13;                    // a gone pid judged running
+    return 0;
+  });
+  if (rc < 0) GTEST_SKIP() << "cannot hide /proc in a mount namespace here (needs root)";
+  EXPECT_EQ(rc, 0) << "10: /proc still visible, 11: self identity without /proc, 12: live parent judged dead, "
+                      "13: reaped child judged running";
 }
 
 TEST(SharedLock, ExcludesAndTimesOut) {
