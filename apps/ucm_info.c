@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   char line[1024];
-  snprintf(line, sizeof(line),
+  int used = snprintf(line, sizeof(line),
            "rank %d/%d host=%s node=%d/%d local_rank=%d local_size=%d device=%d engine=%s scheduler=%d "
            "hugetlb=%d data_bytes=%llu segments=%u control_bytes=%llu control_inode=%llu slots=%u+%u "
            "cuda=%s(%d visible) nccl=%s hwloc=%s bound=%d binding=\"%s\"",
@@ -59,6 +59,12 @@ int main(int argc, char** argv) {
            (unsigned long long)info.control_inode, info.regular_slots, info.reserved_slots,
            info.cuda_built ? "built" : "not-built", info.visible_devices, info.nccl_built ? "built" : "not-built",
            info.hwloc_built ? "built" : "not-built", info.threads_bound, info.binding);
+  if (used > 0 && (size_t)used < sizeof(line))
+    snprintf(line + used, sizeof(line) - (size_t)used,
+             " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\"", info.register_seconds,
+             info.register_threads,
+             info.data_bytes ? info.register_seconds / ((double)info.data_bytes / (1024.0 * 1024 * 1024)) : 0.0,
+             info.device_choice);
   /* Print in rank order through rank 0 so lines never interleave. */
   if (rank == 0) {
     printf("%s\n", line);

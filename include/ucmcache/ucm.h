@@ -71,6 +71,13 @@ typedef enum ucm_order { UCM_ORDER_ROTATE = 0, UCM_ORDER_NATURAL = 1 } ucm_order
 typedef enum ucm_evict { UCM_EVICT_CLOCK = 0, UCM_EVICT_RING = 1 } ucm_evict_t;
 typedef enum ucm_wait { UCM_WAIT_FUTEX = 0, UCM_WAIT_POLL = 1 } ucm_wait_t;
 typedef enum ucm_hugepages { UCM_HUGEPAGES_AUTO = 0, UCM_HUGEPAGES_ON = 1, UCM_HUGEPAGES_OFF = 2 } ucm_hugepages_t;
+/* Which engine copies slots to the app's buffers (see copy_engine in ucm_config_t). */
+typedef enum ucm_copy_engine {
+  UCM_COPY_ENGINE_AUTO = 0,      /* CUDA on a node with GPUs; memcpy only on a node without any */
+  UCM_COPY_ENGINE_CUDA = 1,      /* CUDA, or init fails with the driver's reason */
+  UCM_COPY_ENGINE_HOST = 2,      /* memcpy: destinations and sources are host memory */
+  UCM_COPY_ENGINE_ASYNC_TEST = 3 /* tests only: host memory, copies land later on a worker thread */
+} ucm_copy_engine_t;
 
 typedef struct ucm_config {
   uint32_t struct_bytes;     /* sizeof(ucm_config_t), set by ucm_config_init */
@@ -98,6 +105,11 @@ typedef struct ucm_config {
   uint64_t segment_bytes;    /* UCM_SEGMENT_BYTES (1 GiB): data-plane segment size bound [layout] */
   char backend[512];         /* UCM_BACKEND: "posix:/dir[,depth=8]" or "sim:latency_us=..."
                                 (no default: init names it missing)                    [layout] */
+  ucm_copy_engine_t copy_engine; /* UCM_COPY_ENGINE=auto|cuda|host|async-test (auto). A configured
+                                device_id, or auto on a node with a GPU driver, needs CUDA: init
+                                fails with the driver's reason rather than copy with memcpy into
+                                device pointers. The host engine runs when configured, or with
+                                auto on a node that has no GPU. async-test is for tests only. */
 } ucm_config_t;
 
 /* Defaults, then UCM_* variables. A variable with a bad value is an error that
@@ -136,6 +148,11 @@ typedef struct ucm_cache_info {
   char host[64];
   char copy_engine[16];    /* "host", "cuda", or "" for a scheduler */
   char binding[256];       /* where the queue threads run, or why they are not pinned */
+  double register_seconds; /* wall time registering the data plane with the device (cudaHostRegister) */
+  uint32_t register_threads; /* threads that registered the segments in parallel */
+  uint32_t reserved0;
+  char device_choice[160]; /* how device_id was taken ("auto: the app's current device 1",
+                              "configured device_id 0", "no GPU on this node (...)") */
 } ucm_cache_info_t;
 
 #ifndef UCM_NO_MPI
@@ -180,11 +197,20 @@ typedef struct ucm_key {
 } ucm_key_t;
 typedef struct ucm_load_entry {
   ucm_key_t key;
-  void* dst;       /* shard_bytes of device memory (host memory with the host engine) */
+  void* dst;       /* shard_bytes of memory on this rank's device (host memory with the
+                      host engine). With CUDA each dst is checked at submit: memory of
+                      another device, host memory or a freed pointer is refused with
+                      UCM_ERR_INVALID_ARG naming the entry. The destination must stay
+                      valid until the task is finished (ucm_task_wait returned other
+                      than UCM_ERR_TIMEOUT, or ucm_task_test said done): also after a
+                      timed-out wait, copies into it may still be in flight. */
 } ucm_load_entry_t;
 typedef struct ucm_dump_entry {
   ucm_key_t key;
-  const void* src; /* shard_bytes to store */
+  const void* src; /* shard_bytes to store, on this rank's device (checked as dst is).
+                      Its content must be complete when ucm_dump_task is called: the
+                      library copies on its own stream, so synchronize the stream that
+                      wrote it first. It must stay valid until the task is finished. */
 } ucm_dump_entry_t;
 typedef uint64_t ucm_task_t;
 

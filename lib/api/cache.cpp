@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 
 #include "api/config.h"
@@ -37,13 +38,18 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
 
   // 3. The device and what it needs of the layout.
   device_status_ = device_status();
-  if (config_.device_id == UCM_DEVICE_AUTO)
-    device_id_ = device_status_.visible_devices > 0 ? node_.local_rank % device_status_.visible_devices : node_.local_rank;
-  else
-    device_id_ = config_.device_id;
+  EngineChoice choice;
+  choice.kind = static_cast<EngineKind>(config_.copy_engine);
+  choice.auto_device = config_.device_id == UCM_DEVICE_AUTO;
+  choice.device_id = config_.device_id;
+  choice.local_rank = node_.local_rank;
+  if (const char* d = std::getenv("UCM_ASYNC_TEST_DELAY_US")) choice.async.delay_us = std::strtoull(d, nullptr, 10);
   CtrlParams cp;
   DataParams dp;
-  Result r = make_copy_engine(device_id_, true, &engine_);
+  EngineTaken taken;
+  Result r = make_copy_engine(choice, &engine_, &taken);
+  device_id_ = ok(r) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
+  device_choice_ = taken.why;
   if (ok(r) && engine_ && config_.shard_bytes % engine_->alignment() != 0)
     r = fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
              ", the alignment the %s copy engine of device %d needs",
@@ -58,10 +64,15 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
   r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank));
   joined_ = ok(r);
   if (ok(r) && engine_ && data_.valid()) {
-    for (size_t s = 0; s < data_.segment_count() && ok(r); ++s) {
-      r = engine_->register_host(data_.segment_base(s), data_.segment_map_bytes(s));
-      if (ok(r)) registered_.push_back(data_.segment_base(s));
-    }
+    std::vector<std::pair<void*, uint64_t>> segs;
+    for (size_t s = 0; s < data_.segment_count(); ++s) segs.emplace_back(data_.segment_base(s), data_.segment_map_bytes(s));
+    Registration reg;
+    r = register_segments(engine_.get(), segs, kRegisterThreads, &reg);
+    registered_ = std::move(reg.registered);
+    register_seconds_ = reg.seconds;
+    register_threads_ = reg.threads;
+    UCM_INFO(kDevice, "registered %zu segments with the %s engine in %.3f s on %u threads", registered_.size(),
+             engine_->name(), reg.seconds, reg.threads);
   }
   if (ok(r))
     r = plan_placement(node_.local_rank, node_.local_size, engine_ ? engine_->pci_bus_id() : std::string(),
@@ -211,6 +222,9 @@ void Cache::info(ucm_cache_info_t* out) const {
   std::snprintf(out->host, sizeof(out->host), "%s", node_.host.c_str());
   std::snprintf(out->copy_engine, sizeof(out->copy_engine), "%s", engine_ ? engine_->name() : "");
   std::snprintf(out->binding, sizeof(out->binding), "%s", placement_.summary.c_str());
+  out->register_seconds = register_seconds_;
+  out->register_threads = register_threads_;
+  std::snprintf(out->device_choice, sizeof(out->device_choice), "%s", device_choice_.c_str());
 }
 
 }  // namespace ucm
@@ -226,6 +240,7 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
     std::lock_guard<std::mutex> g(tasks_mu_);
     tid = next_task_id_++;
   }
+  if (engine_) UCM_CHECK(check_app_buffers(kind, entries));
   auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
@@ -238,6 +253,19 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
     return r;
   }
   *id = tid;
+  return Result::kOk;
+}
+
+Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries) {
+  std::vector<const void*> ptrs(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) ptrs[i] = kind == TaskKind::kLoad ? entries[i].dst : entries[i].src;
+  size_t bad = 0;
+  const Result r = engine_->check_app_buffers(ptrs.data(), ptrs.size(), config_.shard_bytes, &bad);
+  if (r == Result::kInvalidArg) {
+    const std::string why = last_error();
+    return fail(r, "entry %zu: %s %s", bad, kind == TaskKind::kLoad ? "dst" : "src", why.c_str());
+  }
+  UCM_CHECK(r);
   return Result::kOk;
 }
 

@@ -5,14 +5,16 @@
 // any rank is the same error on all ranks and nobody waits in a collective:
 //   1. split the communicator into nodes; gather the node's pids
 //   2. check the config locally, then agree on every layout field in the node
-//   3. resolve the device (config, else local rank modulo visible GPUs, else the
-//      local rank with the host engine) and check the shard alignment it needs
+//   3. pick the copy engine and its device (device/copy_engine.h says how; a
+//      configured GPU that does not answer is an error, never memcpy) and
+//      check the shard alignment it needs
 //   4. local rank 0 creates the control and data memfds (and the store's
 //      node-shared state, when its spec asks for some) and listens on an
 //      abstract socket; the nonce goes out over MPI
 //   5. peers fetch the fds (SO_PEERCRED-checked) and map them, checking the
 //      header against their own layout
-//   6. everyone joins its rank, registers the segments with its device, plans
+//   6. everyone joins its rank, registers the segments with its device (in
+//      parallel threads, timed: ucm_cache_info.register_seconds), plans
 //      its thread placement and opens its backend; then the node barriers.
 // Nothing is created in any file system.
 #pragma once
@@ -68,6 +70,7 @@ class Cache {
 
  private:
   Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);
+  Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
   void release_local();
 
   ucm_config_t config_{};
@@ -77,6 +80,10 @@ class Cache {
   BufferCtrl ctrl_;
   BufferData data_;
   std::vector<void*> registered_;
+  static constexpr uint32_t kRegisterThreads = 8;  // segments registered at once
+  double register_seconds_ = 0;
+  uint32_t register_threads_ = 0;
+  std::string device_choice_;
   std::unique_ptr<CopyEngine> engine_;
   NodeState store_state_;  // the store's node-shared state; outlives backend_
   std::unique_ptr<Backend> backend_;

@@ -72,6 +72,16 @@ Result env_enum(const char* name, const char* a, const char* b, const char* c, T
   return Result::kOk;
 }
 
+constexpr const char* kCopyEngineNames[] = {"auto", "cuda", "host", "async-test"};
+
+Result env_copy_engine(ucm_copy_engine_t* field) {
+  const char* v = std::getenv("UCM_COPY_ENGINE");
+  if (!v) return Result::kOk;
+  for (int i = 0; i < 4; ++i)
+    if (!std::strcmp(v, kCopyEngineNames[i])) return *field = static_cast<ucm_copy_engine_t>(i), Result::kOk;
+  return fail(Result::kInvalidArg, "UCM_COPY_ENGINE=%s is not one of auto|cuda|host|async-test", v);
+}
+
 const char* order_name(ucm_order_t o) { return o == UCM_ORDER_NATURAL ? "natural" : "rotate"; }
 const char* evict_name(ucm_evict_t e) { return e == UCM_EVICT_RING ? "ring" : "clock"; }
 const char* wait_name(ucm_wait_t w) { return w == UCM_WAIT_POLL ? "poll" : "futex"; }
@@ -103,6 +113,7 @@ void config_defaults(ucm_config_t* c) {
   c->io_depth = 16;
   c->owner_grace_us = 1000;
   c->segment_bytes = 1024 * kMiB;
+  c->copy_engine = UCM_COPY_ENGINE_AUTO;
 }
 
 Result config_from_env(ucm_config_t* c) {
@@ -126,6 +137,7 @@ Result config_from_env(ucm_config_t* c) {
   UCM_CHECK(env_int("UCM_IO_DEPTH", 1, 1 << 16, &c->io_depth));
   UCM_CHECK(env_int("UCM_OWNER_GRACE_US", 0, 10000000, &c->owner_grace_us));
   UCM_CHECK(env_size("UCM_SEGMENT_BYTES", &c->segment_bytes));
+  UCM_CHECK(env_copy_engine(&c->copy_engine));
   if (const char* v = std::getenv("UCM_BACKEND")) {
     if (std::strlen(v) >= sizeof(c->backend))
       return fail(Result::kInvalidArg, "UCM_BACKEND is %zu characters, at most %zu fit", std::strlen(v),
@@ -168,6 +180,13 @@ Result check_config(const ucm_config_t& c) {
   if (c.segment_bytes < c.shard_bytes)
     return fail(Result::kInvalidArg, "segment_bytes %" PRIu64 " is smaller than one shard (%" PRIu64 " bytes)",
                 c.segment_bytes, c.shard_bytes);
+  // One cudaHostRegister of 512 GiB or more fails on recent drivers.
+  if (c.segment_bytes > (256ull << 30))
+    return fail(Result::kInvalidArg, "segment_bytes %" PRIu64 " exceeds 256 GiB (one registration of 512 GiB or "
+                "more fails on recent CUDA drivers)", c.segment_bytes);
+  if (static_cast<uint32_t>(c.copy_engine) > UCM_COPY_ENGINE_ASYNC_TEST)
+    return fail(Result::kInvalidArg, "copy_engine %d is not auto (0), cuda (1), host (2) or async-test (3)",
+                static_cast<int>(c.copy_engine));
   if (memchr(c.backend, '\0', sizeof(c.backend)) == nullptr)
     return fail(Result::kInvalidArg, "backend is not NUL-terminated within %zu bytes", sizeof(c.backend));
   if (c.backend[0] == '\0')
@@ -217,7 +236,7 @@ std::string describe_config(const ucm_config_t& c) {
                 c.ranks_per_node, order_name(c.order), evict_name(c.evict), wait_name(c.wait), c.prealloc,
                 huge_name(c.hugepages), c.bind_threads, c.timeout_ms, c.liveness_ms, c.load_retries, c.io_depth, c.owner_grace_us,
                 c.segment_bytes, c.backend);
-  return buf;
+  return std::string(buf) + " copy_engine=" + kCopyEngineNames[c.copy_engine <= UCM_COPY_ENGINE_ASYNC_TEST ? c.copy_engine : 0];
 }
 
 namespace {

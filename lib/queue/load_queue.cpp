@@ -448,11 +448,13 @@ void LoadQueue::process(Item& it) {
   }
   uint64_t ticket = 0;
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);
-  if (r == Result::kOk) r = copy_stream_->flush();
   if (r != Result::kOk) {
     fail_item(it, r, key_text(e.key) + ": " + last_error());
     return;
   }
+  // A failed flush may have put the copy in flight: it keeps its pin until
+  // the stream settles its ticket, and retire_copies() then fails the entry.
+  if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "%s: %s", key_text(e.key).c_str(), last_error().c_str());
   copies_.push_back(Copy{it.task, it.index, it.slot, ticket});
 }
 

@@ -20,7 +20,12 @@ std::unique_ptr<CopyEngine> engine_or_skip() {
   if (!s.cuda_built) return nullptr;
   if (s.visible_devices == 0) return nullptr;
   std::unique_ptr<CopyEngine> e;
-  EXPECT_EQ(make_copy_engine(0, false, &e), Result::kOk) << last_error();
+  EngineChoice c;
+  c.kind = EngineKind::kCuda;
+  c.auto_device = false;
+  c.device_id = 0;
+  EngineTaken taken;
+  EXPECT_EQ(make_copy_engine(c, &e, &taken), Result::kOk) << last_error();
   return e;
 }
 
@@ -89,17 +94,12 @@ TEST(CudaCopy, AnOutOfRangeDeviceIsAClearError) {
   auto engine = engine_or_skip();
   SKIP_WITHOUT_GPU(engine);
   std::unique_ptr<CopyEngine> e;
-  EXPECT_EQ(make_copy_engine(1 << 20, false, &e), Result::kDevice);
+  EngineChoice c;
+  c.auto_device = false;
+  c.device_id = 1 << 20;
+  EngineTaken taken;
+  EXPECT_EQ(make_copy_engine(c, &e, &taken), Result::kDevice);
   EXPECT_NE(last_error().find("CUDA devices are visible"), std::string::npos) << last_error();
-}
-
-TEST(CudaCopy, WithoutAGpuTheHostEngineStandsInOnlyWhenAllowed) {
-  if (device_status().visible_devices > 0) GTEST_SKIP() << "a GPU is here: the fallback is not exercised";
-  std::unique_ptr<CopyEngine> e;
-  EXPECT_EQ(make_copy_engine(0, false, &e), Result::kDevice);
-  EXPECT_NE(last_error().find("no GPU is usable"), std::string::npos) << last_error();
-  ASSERT_EQ(make_copy_engine(0, true, &e), Result::kOk);
-  EXPECT_STREQ(e->name(), "host");
 }
 
 }  // namespace

@@ -1,0 +1,114 @@
+// The copier against an engine whose copies land later (async-test): the
+// contract of device/copy_engine.h as the load path relies on it. A copy
+// keeps its slot pinned until the engine says it landed, also when the flush
+// that started it failed.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/sim_backend.h"
+#include "backend/sim_content.h"
+#include "common/time.h"
+#include "ctrl/recovery.h"
+#include "device/copy_engine.h"
+#include "queue/load_queue.h"
+#include "common/test_util.h"
+
+namespace ucm {
+namespace {
+
+constexpr uint64_t kShard = 4096;
+
+struct Rank {
+  test::TestCache planes;
+  std::unique_ptr<CacheBuffer> cache;
+  std::unique_ptr<SimBackend> store;
+  std::unique_ptr<CopyEngine> engine;
+  std::unique_ptr<LoadQueue> queue;
+
+  void open(const AsyncTestOptions& o) {
+    test::make_cache(test::params(64, 0, kShard, 8, 1), &planes);
+    ASSERT_EQ(join_rank(planes.ctrl, 0), Result::kOk) << last_error();
+    CacheOptions co;
+    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
+    SimOptions so;
+    so.latency_us = 0;
+    BackendContext ctx;
+    ctx.shard_bytes = kShard;
+    ctx.shards_per_block = 8;
+    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
+    engine = make_async_test_engine(0, o);
+    QueueOptions qo;
+    qo.prealloc = false;
+    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
+    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+  }
+  ~Rank() {
+    if (queue) queue->stop();
+    store.reset();
+    queue.reset();
+    cache.reset();
+  }
+  uint64_t pins() const {
+    uint64_t n = 0;
+    const CtrlParams p = planes.ctrl.params();
+    for (uint32_t i = 0; i < p.regular_slots + p.reserved_slots; ++i)
+      n += planes.ctrl.pin(0, i).load(std::memory_order_acquire);
+    return n;
+  }
+};
+
+std::shared_ptr<Task> load_task(uint64_t id, std::vector<std::vector<uint8_t>>* dst, uint32_t n) {
+  dst->assign(n, std::vector<uint8_t>(kShard));
+  std::vector<TaskEntry> es(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    es[i].key = test::key(100 + i, 3);
+    es[i].dst = (*dst)[i].data();
+  }
+  return std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+}
+
+TEST(CopierWithAsyncEngine, LoadsLandByteExactWhenCopiesCompleteLateAndOutOfOrder) {
+  AsyncTestOptions o;
+  o.delay_us = 500;
+  o.reorder = true;
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(o));
+  std::vector<std::vector<uint8_t>> dst;
+  auto t = load_task(1, &dst, 32);
+  ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  ASSERT_EQ(t->result(), Result::kOk) << t->error();
+  for (uint32_t i = 0; i < 32; ++i) EXPECT_EQ(sim_verify(test::key(100 + i, 3), dst[i].data(), kShard), kShard) << i;
+  EXPECT_EQ(r.pins(), 0u);
+}
+
+TEST(CopierWithAsyncEngine, AFailedFlushKeepsThePinUntilTheCopyInFlightLanded) {
+  AsyncTestOptions o;
+  o.delay_us = 0;
+  o.fail_flush = 1;
+  o.fail_after = 1;  // the copy went out before the flush failed
+  o.gate = std::make_shared<AsyncTestGate>();
+  struct Opener {
+    std::shared_ptr<AsyncTestGate> g;
+    ~Opener() { g->open(); }
+  } opener{o.gate};
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(o));
+  std::vector<std::vector<uint8_t>> dst;
+  auto t = load_task(1, &dst, 1);
+  ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
+  // The copy is in flight and the engine holds it: the task must not finish,
+  // and the slot the DMA reads must stay pinned.
+  EXPECT_FALSE(t->wait_until(deadline_after_ms(300)))
+      << "the task finished (" << t->error() << ") while its copy was still in flight";
+  EXPECT_GE(r.pins(), 1u) << "the slot was unpinned while a copy still reads it";
+  o.gate->open();
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  EXPECT_EQ(t->result(), Result::kDevice);
+  EXPECT_NE(t->error().find("failed after 1 of its 1 copies"), std::string::npos) << t->error();
+  EXPECT_EQ(r.pins(), 0u) << "settled: the pin is released";
+}
+
+}  // namespace
+}  // namespace ucm
