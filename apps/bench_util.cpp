@@ -340,6 +340,8 @@ ucm_config_t base_config(const Job& job, uint64_t shard_bytes, uint64_t slots, u
   ucm_config_t c;
   const ucm_result_t r = ucm_config_init(&c);
   if (r != UCM_OK) die(job, "ucm_config_init", r, ucm_config_error());
+  // The studies copy into host buffers: the host engine, even on a GPU node.
+  if (!getenv("UCM_COPY_ENGINE")) c.copy_engine = UCM_COPY_ENGINE_HOST;
   c.shard_bytes = shard_bytes;
   c.cache_bytes = slots * shard_bytes;
   c.shards_per_block = shards_per_block;

@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
   ucm_config_t cfg;
   ucm_result_t r = ucm_config_init(&cfg);
   if (r != UCM_OK) die(rank, "ucm_config_init", r, ucm_config_error());
+  // The demo's destinations are host buffers (it verifies every byte on the
+  // CPU), so it asks for the host engine even on a node with GPUs.
+  if (!getenv("UCM_COPY_ENGINE")) cfg.copy_engine = UCM_COPY_ENGINE_HOST;
   cfg.shard_bytes = o.shard_kib << 10;
   cfg.shards_per_block = static_cast<uint32_t>(o.layers);
   if (!getenv("UCM_CACHE_BYTES")) cfg.cache_bytes = o.cache_mib << 20;
