@@ -127,8 +127,8 @@ uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& 
     const uint32_t i = first + next_position(run, c, hand, n, second_chance);
     if (second_chance && step < n) {
       std::atomic<uint8_t>& a = c.accessed(i);
-      if (a.load(std::memory_order_relaxed)) {
-        a.store(0, std::memory_order_relaxed);
+      if (const uint8_t n = a.load(std::memory_order_relaxed); n != 0) {
+        a.store(static_cast<uint8_t>(n - 1), std::memory_order_relaxed);
         continue;
       }
     }
