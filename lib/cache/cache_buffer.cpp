@@ -239,8 +239,8 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
     // sees the new state.
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
-  // Bytes the store lacks get one more CLOCK lap; a corrupt copy none.
-  if (for_write) ctrl_->accessed(slot).store(2, std::memory_order_relaxed);
+  // CLOCK keeps bytes the store lacks (clock.h) and takes a corrupt copy first.
+  if (for_write) ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
   if (s == State::kCorrupt) ctrl_->accessed(slot).store(0, std::memory_order_relaxed);
   if (w & kWordWaiters) futex_wake(&word, kWakeAll);
   return Result::kOk;
@@ -278,7 +278,7 @@ Result CacheBuffer::claim_write(uint32_t slot, WriteClaim* out, uint32_t* seen) 
         // S2: one writer per node. Nobody sleeps on these values, so no wake.
         const uint32_t nv = stored_make(StoreState::kWriting, opts_.rank, word_version(w));
         if (!sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-        ctrl_->accessed(slot).store(2, std::memory_order_relaxed);
+        ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
         *out = WriteClaim::kWriter;
         *seen = nv;
         return Result::kOk;
@@ -301,7 +301,7 @@ Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
                            : stored_make(StoreState::kWriteFailed, opts_.rank, stored_epoch(v));
     if (sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
-  if (ok) ctrl_->accessed(slot).store(1, std::memory_order_relaxed);
+  ctrl_->accessed(slot).store(ok ? 1 : kAccessedUnstored, std::memory_order_relaxed);
   if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
   return Result::kOk;
 }

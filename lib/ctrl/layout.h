@@ -23,9 +23,10 @@
 //   by the claimer on re-key (a plain store: a claimed slot has no pins), and
 //   by recovery.
 // - pins[r][slot]: only rank r (and recovery, after r died).
-// - accessed[slot]: hits, loads and Touch set it; the CLOCK hand clears it.
-//   A small count, not a bit: 2 gives a slot whose bytes are not in the store
-//   one more lap (see the stored word below).
+// - accessed[slot]: hits, loads and Touch set it (1); the CLOCK hand clears
+//   it. kAccessedUnstored (2) marks a slot whose bytes are not in the store:
+//   set by the rank that becomes its writer, kept by hits, cleared only by
+//   that write's success or a re-key (clock.h).
 // - stored[slot]: the dumpers of a Ready slot, and recovery (see below).
 // - RankRecord r: rank r, and recovery after r died.
 #pragma once
@@ -41,6 +42,8 @@ constexpr uint32_t kCtrlAbi = 5;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
+
+constexpr uint8_t kAccessedUnstored = 2;  // accessed[slot]: CLOCK keeps it over every stored slot
 
 enum class EvictMode : uint32_t { kClock = 0, kRing = 1 };
 enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
