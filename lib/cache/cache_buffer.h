@@ -38,7 +38,9 @@
 // slice, and recover a dead owner's slot (recovery.h).
 //
 // Guarantees: a key is resident in at most one slot; a slot is Ready only after
-// its owner called mark_ready(); a pinned slot is never re-keyed. Not
+// its owner called mark_ready() or mark_ready_for_write(); a pinned slot is
+// never re-keyed; a Ready slot's stored word says Stored only after a load or
+// a successful finish_write(). Not
 // guaranteed: that a hint from exists() is still true when acted on.
 #pragma once
 

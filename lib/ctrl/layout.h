@@ -18,7 +18,7 @@
 //   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
 //   edit one release store, so a chain is well-formed at every instruction.
 // - SlotMeta key fields: only the rank holding the slot's claim.
-// - SlotMeta.word (the futex word): CAS by the owner (MarkReady/MarkFailed, and
+// - SlotMeta.word (the futex word): CAS by the owner (mark_ready/_failed/_corrupt, and
 //   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
 //   by the claimer on re-key (a plain store: a claimed slot has no pins), and
 //   by recovery.
