@@ -259,6 +259,7 @@ TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer)
   ASSERT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_OK) << ucm_last_error(cache);
   EXPECT_EQ(where[0], UCM_WHERE_BACKEND);
   EXPECT_EQ(where[1], UCM_WHERE_BACKEND);
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank looked before any loads
   LoadBatch l;
   l.add(a);
   l.add(b);
