@@ -217,10 +217,14 @@ typedef uint64_t ucm_task_t;
 UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task);
 /* Copies each shard into a cache slot (Ready at once, so peers hit it) and
  * writes it through to the backend. When several ranks dump the same key, one
- * writes. */
+ * writes, and each gets that write's outcome: an entry is UCM_OK only once
+ * the store holds the key. After UCM_ERR_BACKEND the cached copy is still
+ * served, and the next dump of the key (any rank) writes it through again. */
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);
 /* Waits up to timeout_ms (< 0: no bound). Returns the task's result (UCM_OK,
- * or the first failure: UCM_ERR_BACKEND names the keys that failed) and
+ * or the first failure: UCM_ERR_BACKEND names the keys that failed;
+ * UCM_ERR_CORRUPT a shard whose stored copy failed its checks, not retried
+ * while it stays in the cache, replaced by a dump of the key) and
  * retires the handle; UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK
  * for a handle that is not (or no longer) a task of this cache. */
 UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms);

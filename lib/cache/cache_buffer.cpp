@@ -23,6 +23,7 @@ const char* state_name(State s) {
     case State::kIdle: return "Idle";
     case State::kReady: return "Ready";
     case State::kFailed: return "Failed";
+    case State::kCorrupt: return "Corrupt";
   }
   return "?";
 }
@@ -84,6 +85,13 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
       mark_accessed(c, i);
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
+      break;
+    }
+    if (s == State::kCorrupt) {
+      // Not taken over: a reload would fail the same way (layout.h). The
+      // caller fails its load, or dumps the key over it.
+      bump(ctr_->waits);
+      *out = GetResult{GetKind::kWaiter, i, w, false, false};
       break;
     }
     if (s == State::kFailed || word_owner(w) == kNoOwner) {
@@ -197,7 +205,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
   }
 }
 
-Result CacheBuffer::set_final_state(uint32_t slot, State s, const char* what) {
+Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, const char* what) {
   if (slot >= ctrl_->total_slots())
     return fail(Result::kInvalidArg, "%s: slot %u >= %u slots", what, slot, ctrl_->total_slots());
   std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
@@ -221,20 +229,132 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, const char* what) {
         hold_moved = true;
       }
     }
+    // The stored word of the residency about to become Ready (S1 in
+    // layout.h): nobody else writes it while the slot is not Ready, and the
+    // CAS below publishes it with the state.
+    if (for_write)
+      ctrl_->stored(slot).store(stored_make(StoreState::kWriting, opts_.rank, word_version(nw)),
+                                std::memory_order_relaxed);
     // Release: the bytes written into the slot happen-before any reader that
     // sees the new state.
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
+  // CLOCK keeps bytes the store lacks (clock.h) and takes a corrupt copy first.
+  if (for_write) ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
+  if (s == State::kCorrupt) ctrl_->accessed(slot).store(0, std::memory_order_relaxed);
   if (w & kWordWaiters) futex_wake(&word, kWakeAll);
   return Result::kOk;
 }
 
-Result CacheBuffer::mark_ready(uint32_t slot) { return set_final_state(slot, State::kReady, "mark_ready"); }
-Result CacheBuffer::mark_failed(uint32_t slot) { return set_final_state(slot, State::kFailed, "mark_failed"); }
+Result CacheBuffer::mark_ready(uint32_t slot) { return set_final_state(slot, State::kReady, false, "mark_ready"); }
+Result CacheBuffer::mark_ready_for_write(uint32_t slot) {
+  return set_final_state(slot, State::kReady, true, "mark_ready_for_write");
+}
+Result CacheBuffer::mark_failed(uint32_t slot) { return set_final_state(slot, State::kFailed, false, "mark_failed"); }
+Result CacheBuffer::mark_corrupt(uint32_t slot) {
+  return set_final_state(slot, State::kCorrupt, false, "mark_corrupt");
+}
 
-bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed) {
+Result CacheBuffer::claim_write(uint32_t slot, WriteClaim* out, uint32_t* seen) {
+  if (slot >= ctrl_->total_slots())
+    return fail(Result::kInvalidArg, "claim_write: slot %u >= %u slots", slot, ctrl_->total_slots());
+  const uint32_t w = ctrl_->slot(slot).word.load(std::memory_order_acquire);
+  if (word_state(w) != State::kReady)
+    return fail(Result::kBadState, "claim_write: slot %u is %s, not Ready", slot, state_name(word_state(w)));
+  std::atomic<uint32_t>& sw = ctrl_->stored(slot);
+  uint32_t v = sw.load(std::memory_order_acquire);
+  for (;;) {
+    switch (stored_state(v, w)) {
+      case StoreState::kStored:
+        *out = WriteClaim::kStored;
+        *seen = v;
+        return Result::kOk;
+      case StoreState::kWriting:
+        *out = WriteClaim::kBeingWritten;
+        *seen = v;
+        return Result::kOk;
+      case StoreState::kNotStored:
+      case StoreState::kWriteFailed: {
+        // S2: one writer per node. Nobody sleeps on these values, so no wake.
+        const uint32_t nv = stored_make(StoreState::kWriting, opts_.rank, word_version(w));
+        if (!sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+        ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
+        *out = WriteClaim::kWriter;
+        *seen = nv;
+        return Result::kOk;
+      }
+    }
+  }
+}
+
+Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
+  if (slot >= ctrl_->total_slots())
+    return fail(Result::kInvalidArg, "finish_write: slot %u >= %u slots", slot, ctrl_->total_slots());
+  std::atomic<uint32_t>& sw = ctrl_->stored(slot);
+  uint32_t v = sw.load(std::memory_order_relaxed);
+  for (;;) {
+    if (static_cast<StoreState>(v & kStoredStateMask) != StoreState::kWriting || stored_writer(v) != opts_.rank)
+      return fail(Result::kBadState, "finish_write: slot %u's stored word 0x%x is not a write-through by rank %u", slot,
+                  v, opts_.rank);
+    // S3: the writer stays named in WriteFailed, for the waiters' message.
+    const uint32_t nv = ok ? stored_make(StoreState::kStored, kNoOwner, stored_epoch(v))
+                           : stored_make(StoreState::kWriteFailed, opts_.rank, stored_epoch(v));
+    if (sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+  }
+  ctrl_->accessed(slot).store(ok ? 1 : kAccessedUnstored, std::memory_order_relaxed);
+  if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
+  return Result::kOk;
+}
+
+void CacheBuffer::note_writer(uint32_t v) {
+  const uint32_t writer = stored_writer(v);
+  if (static_cast<StoreState>(v & kStoredStateMask) == StoreState::kWriting && writer != opts_.rank &&
+      writer < kMaxRanks && !ctrl_->rank_alive(writer))
+    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr);
+}
+
+Result CacheBuffer::wait_store_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns, uint32_t* now_stored) {
+  if (slot >= ctrl_->total_slots())
+    return fail(Result::kInvalidArg, "wait_store_change: slot %u >= %u slots", slot, ctrl_->total_slots());
+  std::atomic<uint32_t>& sw = ctrl_->stored(slot);
+  auto changed = [&](uint32_t v) { return ((v ^ observed) & ~kStoredWaiters) != 0; };
+  uint64_t next_check = now_ns() + slice_ns_;
+  for (;;) {
+    uint32_t v = sw.load(std::memory_order_acquire);
+    if (changed(v)) {
+      *now_stored = v;
+      return Result::kOk;
+    }
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns) {
+      note_writer(v);  // as wait_for_change: a dead writer is found whatever the wait's length
+      const uint32_t last = sw.load(std::memory_order_acquire);
+      if (changed(last)) {
+        *now_stored = last;
+        return Result::kOk;
+      }
+      return fail(Result::kTimeout, "slot %u: the write-through by local rank %u is still in flight at the deadline",
+                  slot, stored_writer(v));
+    }
+    if (now >= next_check) {
+      next_check = now + slice_ns_;
+      note_writer(v);
+    }
+    // Always a futex: wait=poll reproduces the legacy load path, which had
+    // no write-through to wait for.
+    if (!(v & kStoredWaiters)) {
+      if (!sw.compare_exchange_weak(v, v | kStoredWaiters, std::memory_order_relaxed)) continue;
+      v |= kStoredWaiters;
+    }
+    (void)futex_wait(&sw, v, std::min(deadline_ns, next_check));
+  }
+}
+
+bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_corrupt) {
   const State s = word_state(observed);
-  if (!(s == State::kFailed || (s == State::kIdle && word_owner(observed) == kNoOwner))) return false;
+  if (!(s == State::kFailed || (s == State::kIdle && word_owner(observed) == kNoOwner) ||
+        (s == State::kCorrupt && replace_corrupt)))
+    return false;
   std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
   uint32_t w = observed;
   if (!word.compare_exchange_strong(w, word_next(observed, State::kIdle, opts_.rank), std::memory_order_acq_rel))

@@ -18,6 +18,17 @@
 //                          release) or Failed (try_take_over() -> owner, or
 //                          wait again on the new word).
 //               -> Result::kNoSpace when every slot is pinned.
+//                  A Corrupt slot (the store's copy failed its checks) is
+//                  answered kWaiter with its word: the caller fails the load
+//                  with UCM_ERR_CORRUPT, or, to dump the key, replaces the
+//                  bytes (try_take_over(slot, w, true)). See layout.h.
+// Dumps, on a Ready slot (pinned or held), keep the node's promise that a
+// dump which says OK is in the store, through the slot's stored word
+// (layout.h): an owner that fills the slot from the caller marks it
+// mark_ready_for_write() and writes it through; anyone else asks
+// claim_write(): kStored (done), kWriter (this rank writes the slot's bytes
+// through), or kBeingWritten (wait_store_change() until the writer's
+// outcome). The writer ends with finish_write(ok).
 // A hit takes no lock: it walks the chain with acquire loads, pins (pins.h),
 // then re-checks key and state. A miss takes the key's bucket lock, looks
 // again, and installs a CLOCK victim. State changes are one CAS on the slot's
@@ -27,7 +38,9 @@
 // slice, and recover a dead owner's slot (recovery.h).
 //
 // Guarantees: a key is resident in at most one slot; a slot is Ready only after
-// its owner called mark_ready(); a pinned slot is never re-keyed. Not
+// its owner called mark_ready() or mark_ready_for_write(); a pinned slot is
+// never re-keyed; a Ready slot's stored word says Stored only after a load or
+// a successful finish_write(). Not
 // guaranteed: that a hint from exists() is still true when acted on.
 #pragma once
 
@@ -59,6 +72,8 @@ struct GetResult {
   bool evicted = false;        // kOwner: a resident key was evicted for this one
 };
 
+enum class WriteClaim : uint8_t { kStored, kWriter, kBeingWritten };
+
 enum class PreallocOutcome : uint8_t { kPlacedRegular, kPlacedReserved, kAlreadyPresent, kBusy, kNoSpace };
 
 using TouchHook = void (*)(void* ctx, const BlockId* blocks, size_t n);
@@ -68,14 +83,32 @@ class CacheBuffer {
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
 
   [[nodiscard]] Result get(const Key& k, GetResult* out);
+  // Ready, with bytes that came from the store (a load).
   [[nodiscard]] Result mark_ready(uint32_t slot);
+  // Ready, with bytes the caller wrote and is about to write through: the
+  // stored word says Writing by this rank in the same publication.
+  [[nodiscard]] Result mark_ready_for_write(uint32_t slot);
   [[nodiscard]] Result mark_failed(uint32_t slot);
+  // Failed for good: the store's copy failed its checks (layout.h, Corrupt).
+  [[nodiscard]] Result mark_corrupt(uint32_t slot);
+  // On a Ready slot this rank holds a reference to: whether its bytes are in
+  // the store, and if nobody is writing them, makes this rank the writer
+  // (one CAS: one writer per node). *seen is the stored word it acted on.
+  [[nodiscard]] Result claim_write(uint32_t slot, WriteClaim* out, uint32_t* seen);
+  // Ends this rank's write-through of `slot`: Stored, or WriteFailed.
+  [[nodiscard]] Result finish_write(uint32_t slot, bool ok);
+  // Returns kOk with *now_stored once the slot's stored word differs from
+  // `observed`, kTimeout at the deadline (absolute ns). Checks the writer's
+  // liveness every slice: a dead writer's write becomes NotStored.
+  [[nodiscard]] Result wait_store_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns,
+                                         uint32_t* now_stored);
   // Returns kOk with *now_word once the slot's word differs from `observed`
   // (state or owner changed), kTimeout at the deadline (absolute ns).
   [[nodiscard]] Result wait_for_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns, uint32_t* now_word);
-  // A pinned waiter that saw Failed (or an unowned Idle) becomes the owner;
-  // exactly one of the racing ranks wins.
-  bool try_take_over(uint32_t slot, uint32_t observed);
+  // A pinned waiter that saw Failed (or an unowned Idle; or Corrupt, with
+  // `replace_corrupt`, to dump the key over it) becomes the owner; exactly
+  // one of the racing ranks wins.
+  bool try_take_over(uint32_t slot, uint32_t observed, bool replace_corrupt = false);
   // One more pin on a slot this rank already holds a reference to (a pin or
   // the owner's hold), for work that must outlive
   // the caller's own pin (a backend I/O into the slot).
@@ -117,7 +150,8 @@ class CacheBuffer {
   Result check_joined() const;
   Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
   Result get_locked(const Key& k, uint32_t b, GetResult* out);
-  Result set_final_state(uint32_t slot, State s, const char* what);
+  Result set_final_state(uint32_t slot, State s, bool for_write, const char* what);
+  void note_writer(uint32_t stored_word);
   Result poll_once(uint32_t slot, uint32_t* w);
   void note_waited_on(uint32_t w);
 

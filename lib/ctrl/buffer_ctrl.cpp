@@ -24,6 +24,7 @@ struct RegionLayout {
   uint64_t pins_off;
   uint64_t pin_row_bytes;
   uint64_t accessed_off;
+  uint64_t stored_off;
   uint64_t region_bytes;
 };
 
@@ -44,6 +45,9 @@ RegionLayout compute_layout(const CtrlParams& p) {
   off = l.pins_off + l.pin_row_bytes * p.max_ranks;
   l.accessed_off = align_up(off, 64);
   off = l.accessed_off + total;
+  // Apart from the hit path's lines: only dumps and recovery touch it.
+  l.stored_off = align_up(off, 64);
+  off = l.stored_off + 4 * total;
   l.region_bytes = align_up(off, 4096);
   return l;
 }
@@ -152,6 +156,7 @@ void BufferCtrl::cache_fields() {
   pins_ = base_ + h.pins_off;
   pin_row_bytes_ = h.pin_row_bytes;
   accessed_ = reinterpret_cast<std::atomic<uint8_t>*>(base_ + h.accessed_off);
+  stored_ = reinterpret_cast<std::atomic<uint32_t>*>(base_ + h.stored_off);
   regular_ = h.regular_slots;
   total_ = h.regular_slots + h.reserved_slots;
   bucket_mask_ = h.bucket_count - 1;
@@ -196,6 +201,7 @@ Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
   h->pins_off = l.pins_off;
   h->pin_row_bytes = l.pin_row_bytes;
   h->accessed_off = l.accessed_off;
+  h->stored_off = l.stored_off;
   c.cache_fields();
   for (uint32_t b = 0; b < p.bucket_count; ++b) c.buckets_[b].head.store(kNoSlot, std::memory_order_relaxed);
   for (uint32_t i = 0; i < c.total_; ++i) {
@@ -258,7 +264,8 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
                 h.fingerprint, fp);
   const RegionLayout l = compute_layout(found);
   if (l.region_bytes != h.region_bytes || l.buckets_off != h.buckets_off || l.slots_off != h.slots_off ||
-      l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off)
+      l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off ||
+      l.stored_off != h.stored_off)
     return fail(Result::kCorrupt, "control header offsets disagree with its parameters");
   if (h.region_bytes > file_bytes)
     return fail(Result::kCorrupt, "control region truncated: the file has %" PRIu64 " bytes, the header says %" PRIu64,
@@ -342,10 +349,11 @@ void BufferCtrl::leave(uint32_t r) {
   if (r >= max_ranks_) return;
   DroppedRefs d;
   for (uint32_t i = 0; i < total_; ++i) drop_rank_refs(*this, i, 1u << r, &d);
-  if (d.pins + d.holds + d.loads != 0)
-    UCM_WARN("local rank %u left %" PRIu64 " pin(s), %" PRIu64 " owner hold(s) and %" PRIu64
-             " unfinished load(s) behind: released (loads marked Failed)",
-             r, d.pins, d.holds, d.loads);
+  if (d.pins + d.holds + d.loads + d.writes != 0)
+    UCM_WARN("local rank %u left %" PRIu64 " pin(s), %" PRIu64 " owner hold(s), %" PRIu64
+             " unfinished load(s) and %" PRIu64
+             " unfinished write-through(s) behind: released (loads marked Failed, writes NotStored)",
+             r, d.pins, d.holds, d.loads, d.writes);
   RankRecord& rec = rank(r);
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);

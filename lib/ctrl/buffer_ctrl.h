@@ -64,6 +64,8 @@ class BufferCtrl {
     return reinterpret_cast<std::atomic<uint32_t>*>(pins_ + r * pin_row_bytes_)[i];
   }
   std::atomic<uint8_t>& accessed(uint32_t i) const { return accessed_[i]; }
+  // The stored word of slot i (layout.h).
+  std::atomic<uint32_t>& stored(uint32_t i) const { return stored_[i]; }
 
   uint32_t regular_slots() const { return regular_; }
   uint32_t total_slots() const { return total_; }
@@ -104,6 +106,7 @@ class BufferCtrl {
   uint8_t* pins_ = nullptr;
   uint64_t pin_row_bytes_ = 0;
   std::atomic<uint8_t>* accessed_ = nullptr;
+  std::atomic<uint32_t>* stored_ = nullptr;
   uint32_t regular_ = 0;
   uint32_t total_ = 0;
   uint32_t bucket_mask_ = 0;

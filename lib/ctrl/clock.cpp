@@ -123,13 +123,19 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
 
 uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
                      bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
-  for (uint64_t step = 0; step < 2ull * n; ++step) {
+  // Laps (clock.h): second chance; any stored slot; anything. The third is
+  // reached only when every slot is pinned or holds bytes the store lacks.
+  const uint64_t steps = (second_chance ? 3ull : 2ull) * n;
+  for (uint64_t step = 0; step < steps; ++step) {
     const uint32_t i = first + next_position(run, c, hand, n, second_chance);
-    if (second_chance && step < n) {
+    if (second_chance && step < 2ull * n) {
       std::atomic<uint8_t>& a = c.accessed(i);
-      if (a.load(std::memory_order_relaxed)) {
-        a.store(0, std::memory_order_relaxed);
-        continue;
+      if (const uint8_t bit = a.load(std::memory_order_relaxed); bit != 0) {
+        if (bit == kAccessedUnstored) continue;
+        if (step < n) {
+          a.store(0, std::memory_order_relaxed);
+          continue;
+        }
       }
     }
     // Claimed or held: skip without a CAS. Pins are read once, after the

@@ -17,6 +17,15 @@
 // unclaimed -> victim. After a full lap with nothing taken, a second lap takes
 // the next unpinned slot under the raw cursor whatever its bit. After two laps:
 // none (everything pinned). Ring (legacy) is the second lap alone: cursor + 1.
+//
+// Bytes the store lacks: a slot whose dump has not reached the store (its
+// write-through in flight, failed, or its writer dead) has accessed =
+// kAccessedUnstored, which hits keep, the hand never clears, and both laps
+// skip; a third lap takes such a slot only when every other one is pinned.
+// So CLOCK evicts a key that exists nowhere else only when the cache has no
+// other victim, at no extra load per candidate (the byte is read anyway), and
+// never stops for a store that is down; the dump whose write failed was told
+// UCM_ERR_BACKEND, and the next dump of the key writes it again.
 #pragma once
 
 #include <cstdint>

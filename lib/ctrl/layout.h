@@ -7,7 +7,7 @@
 //
 //   [CtrlHeader][CtrlGlobals][RankRecord x kMaxRanks][Bucket x bucket_count]
 //   [SlotMeta x total_slots][pin rows: uint32 x total_slots, one row per rank]
-//   [accessed: uint8 x total_slots]
+//   [accessed: uint8 x total_slots][stored: uint32 x total_slots]
 //
 // Slots [0, regular_slots) are the regular pool (CLOCK/ring eviction); slots
 // [regular_slots, total_slots) are the reserved pool, used only by Prealloc.
@@ -18,12 +18,16 @@
 //   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
 //   edit one release store, so a chain is well-formed at every instruction.
 // - SlotMeta key fields: only the rank holding the slot's claim.
-// - SlotMeta.word (the futex word): CAS by the owner (MarkReady/MarkFailed, and
+// - SlotMeta.word (the futex word): CAS by the owner (mark_ready/_failed/_corrupt, and
 //   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
 //   by the claimer on re-key (a plain store: a claimed slot has no pins), and
 //   by recovery.
 // - pins[r][slot]: only rank r (and recovery, after r died).
-// - accessed[slot]: hits, loads and Touch set it; the CLOCK hand clears it.
+// - accessed[slot]: hits, loads and Touch set it (1); the CLOCK hand clears
+//   it. kAccessedUnstored (2) marks a slot whose bytes are not in the store:
+//   set by the rank that becomes its writer, kept by hits, cleared only by
+//   that write's success or a re-key (clock.h).
+// - stored[slot]: the dumpers of a Ready slot, and recovery (see below).
 // - RankRecord r: rank r, and recovery after r died.
 #pragma once
 
@@ -39,6 +43,8 @@ constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cach
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
 
+constexpr uint8_t kAccessedUnstored = 2;  // accessed[slot]: CLOCK keeps it over every stored slot
+
 enum class EvictMode : uint32_t { kClock = 0, kRing = 1 };
 enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 
@@ -53,7 +59,7 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 // the owner rank: nothing evicts a held slot, and recovery drops the hold of a
 // dead owner. mark_failed() turns it into an ordinary pin first, since a
 // Failed slot changes owner when a waiter takes it over.
-enum class State : uint32_t { kIdle = 0, kReady = 1, kFailed = 2 };
+enum class State : uint32_t { kIdle = 0, kReady = 1, kFailed = 2, kCorrupt = 3 };
 
 constexpr uint32_t kWordStateMask = 0x3u;
 constexpr uint32_t kWordWaiters = 0x4u;
@@ -72,6 +78,56 @@ inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
 }
 // Two words differ in substance (not just in the waiters bit).
 inline bool word_changed(uint32_t a, uint32_t b) { return ((a ^ b) & ~kWordWaiters) != 0; }
+
+// ---- the stored word of a slot (stored[slot]) ---------------------------------
+// Whether the bytes of a Ready slot are in the backend store. Every local rank
+// dumps through the same slot, so this lives here, not in a rank's queue.
+// bits 0-1: StoreState, bit 2: someone sleeps on this word, bits 3-8: writer
+// local rank (kNoOwner = none), bits 10-31: epoch.
+//
+// The word speaks only for the Ready residency whose futex-word version equals
+// its epoch; any other value is stale and reads as kStored. Ready is reached
+// only through a load (its bytes came from the store) or a dump owner that
+// writes this word first, so a load's miss path never touches it, and a
+// re-key resets it without a store: the new Ready version differs. (After the
+// 22-bit version wraps, a stale word can match again; it is then NotStored or
+// WriteFailed at worst, never Writing, since a write holds a pin until it
+// ends: the cost is one redundant write-through, never a lost one.)
+//
+// Transitions. Each is made by a rank holding a reference (pin or hold) on
+// the slot while it is Ready, so its key and Ready version cannot change
+// underneath; recovery acts for the dead.
+//   from              to               who, how                                  pairs with
+//   stale             Writing(r, v)    dump owner r, release store, before the   [S1] the Ready CAS (release) that
+//                                      CAS that makes the slot Ready (version v)      readers acquire; then they load
+//                                      (nobody else writes the stored word of         this word (acquire)
+//                                      a slot that is not Ready)
+//   NotStored,        Writing(r)       a dumper r that found the slot Ready:     [S2] CAS acq_rel: one writer per node
+//   WriteFailed(x)                     it writes the slot's bytes through
+//   Writing(r)        Stored           r: its write-through succeeded            [S3] CAS release -> a sleeper's
+//   Writing(r)        WriteFailed(r)   r: its write-through failed                    acquire load after its wake
+//   Writing(r)        NotStored        recovery or leave(): r is dead/leaving    [S3]
+// A sleeper (a dumper waiting for another rank's write) sets the waiters bit
+// by CAS and futex-waits on exactly the value it saw; every transition out of
+// Writing clears the bit and wakes all if it was set. A sleeper woken by
+// WriteFailed reports that write's failure; by NotStored it becomes the
+// writer (S2). A dumper that finds WriteFailed without having waited for it
+// writes again (S2): a dump never answers OK for bytes the store lacks.
+enum class StoreState : uint32_t { kNotStored = 0, kWriting = 1, kStored = 2, kWriteFailed = 3 };
+
+constexpr uint32_t kStoredStateMask = 0x3u;
+constexpr uint32_t kStoredWaiters = 0x4u;
+constexpr uint32_t kStoredEpochShift = 10;
+
+inline uint32_t stored_make(StoreState s, uint32_t writer, uint32_t epoch) {
+  return (epoch << kStoredEpochShift) | (writer << kWordOwnerShift) | static_cast<uint32_t>(s);
+}
+inline uint32_t stored_writer(uint32_t sw) { return (sw & kWordOwnerMask) >> kWordOwnerShift; }
+inline uint32_t stored_epoch(uint32_t sw) { return sw >> kStoredEpochShift; }
+// What stored word `sw` says about a slot whose futex word is the Ready `w`.
+inline StoreState stored_state(uint32_t sw, uint32_t w) {
+  return stored_epoch(sw) == word_version(w) ? static_cast<StoreState>(sw & kStoredStateMask) : StoreState::kStored;
+}
 
 // ---- structs ------------------------------------------------------------------
 
@@ -94,7 +150,8 @@ struct alignas(64) CtrlHeader {
   uint64_t pins_off;
   uint64_t pin_row_bytes;     // creator: bytes between two ranks' pin rows
   uint64_t accessed_off;
-  uint8_t reserved_[24];
+  uint64_t stored_off;
+  uint8_t reserved_[16];
 };
 static_assert(sizeof(CtrlHeader) == 128);
 static_assert(offsetof(CtrlHeader, magic) == 0);

@@ -85,14 +85,35 @@ inline uint32_t pin_count(const BufferCtrl& c, uint32_t i) {
 struct DroppedRefs {
   uint64_t pins = 0;
   uint64_t holds = 0;
-  uint64_t loads = 0;  // unfinished loads marked Failed
+  uint64_t loads = 0;   // unfinished loads marked Failed
+  uint64_t writes = 0;  // unfinished write-throughs marked NotStored
 };
 
+// A write-through by one of `rank_mask` that will never end: NotStored, with
+// its sleepers woken, so that one of them writes the bytes itself (layout.h,
+// the stored word, S3). Before the pins go: the write's own pin keeps the
+// slot Ready (and this word current) until then.
+inline void drop_rank_write(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, DroppedRefs* out) {
+  std::atomic<uint32_t>& sw = c.stored(i);
+  uint32_t v = sw.load(std::memory_order_acquire);
+  while (static_cast<StoreState>(v & kStoredStateMask) == StoreState::kWriting && stored_writer(v) < kMaxRanks &&
+         ((rank_mask >> stored_writer(v)) & 1u)) {
+    if (sw.compare_exchange_weak(v, stored_make(StoreState::kNotStored, kNoOwner, stored_epoch(v)),
+                                 std::memory_order_acq_rel)) {
+      ++out->writes;
+      if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
+      return;
+    }
+  }
+}
+
 // Releases every reference the ranks in `rank_mask` hold on slot i, for ranks
-// that will never release them themselves (dead, or leaving): their pins, an
+// that will never release them themselves (dead, or leaving): a write-through
+// one of them never finished, their pins, an
 // owner's hold, and a load one of them owns and never marked, which becomes
 // Failed with its sleepers woken, so that a waiter takes it over.
 inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, DroppedRefs* out) {
+  drop_rank_write(c, i, rank_mask, out);
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
     if ((rank_mask >> r) & 1u) out->pins += c.pin(r, i).exchange(0, std::memory_order_acq_rel);
   std::atomic<uint32_t>& word = c.slot(i).word;

@@ -131,7 +131,7 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
     if (st == static_cast<uint32_t>(RankState::kFree) || c.rank_alive(r)) continue;
     dead_mask |= 1u << r;
     rec.state.store(static_cast<uint32_t>(RankState::kReaping), std::memory_order_release);
-    UCM_WARN("local rank %u (pid %d) died: releasing its locks, claims, pins and loads", r,
+    UCM_WARN("local rank %u (pid %d) died: releasing its locks, claims, pins, loads and writes", r,
              rec.pid.load(std::memory_order_relaxed));
   }
   if (reaped) *reaped = static_cast<uint32_t>(__builtin_popcount(dead_mask));

@@ -15,6 +15,8 @@
 //      floating (its key is cleared so CLOCK can reuse it); a slot a dead rank
 //      was loading (Idle, owner dead) becomes Failed and its sleepers are woken,
 //      so no half-loaded slot is ever served as Ready and a waiter takes over;
+//      a write-through a dead rank was making (stored word Writing) becomes
+//      NotStored and its sleepers are woken, so a waiting dumper writes it;
 //   4. frees the dead ranks' records.
 // Every step is idempotent: a reaper that dies itself is reaped by the next.
 #pragma once

@@ -211,11 +211,23 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
   }
   if (t->kind() == TaskKind::kDump) {
     if (g.kind == GetKind::kHit) {  // a peer (or an earlier task) already holds it
-      cache_->release(g.slot);
-      t->entry_ok();
-      return true;
-    }
-    if (g.kind == GetKind::kOwner) {
+      WriteClaim wc = WriteClaim::kStored;
+      uint32_t seen = 0;
+      r = cache_->claim_write(g.slot, &wc, &seen);
+      if (r != Result::kOk) {
+        cache_->release(g.slot);
+        add(ctr_->failed_shards, 1);
+        t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
+        return true;
+      }
+      if (wc != WriteClaim::kBeingWritten) {
+        if (wc == WriteClaim::kWriter) start_write(t, i, g.slot);  // completes the entry
+        else t->entry_ok();
+        cache_->release(g.slot);
+        return true;
+      }
+      // Another rank's write is in flight: the copier waits for its outcome.
+    } else if (g.kind == GetKind::kOwner) {
       r = write_dump(t, i, g.slot, dump_stream_.get());
       if (r != Result::kOk) {
         (void)cache_->mark_failed(g.slot);
@@ -285,21 +297,27 @@ Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uin
   uint64_t ticket = 0;
   UCM_CHECK(stream->copy(cache_->data_at(slot), e.src, bytes, &ticket));
   UCM_CHECK(stream->wait(ticket));
-  // Ready at once: peers hit it while it is written through.
-  UCM_CHECK(cache_->mark_ready(slot));
+  // Ready at once: peers hit it while it is written through, and a peer's
+  // dump of it waits for this write's outcome.
+  UCM_CHECK(cache_->mark_ready_for_write(slot));
+  start_write(t, index, slot);
+  return Result::kOk;
+}
+
+void LoadQueue::start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
+  // The caller holds a reference and is the slot's writer (stored word).
   {
     std::lock_guard<std::mutex> lk(io_mu_);
     ++io_inflight_;
   }
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, t, index, slot, false};
-  io->req.key = e.key;
+  io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
-  io->req.bytes = bytes;
+  io->req.bytes = cache_->ctrl().slot_bytes();
   io->req.done = &LoadQueue::on_io_done;
   io->req.user = io;
   backend_->dump(&io->req);
-  return Result::kOk;
 }
 
 void LoadQueue::on_io_done(IoRequest* req) {
@@ -315,19 +333,30 @@ void LoadQueue::on_io_done(IoRequest* req) {
         UCM_WARN("rank %u: marking slot %u ready: %s", q->opts_.local_rank, io->slot, last_error().c_str());
     } else {
       add(q->ctr_->load_failures, 1);
+      const bool corrupt = req->result == Result::kCorrupt;
       {
         std::lock_guard<std::mutex> g(q->io_mu_);
         q->last_backend_error_ = req->error;
+        // Before the mark: our copier reads it once it sees Corrupt.
+        if (corrupt) q->corrupt_notes_[io->slot] = CorruptNote{req->key, req->error};
       }
-      (void)q->cache_->mark_failed(io->slot);  // wakes every waiter, on every rank
+      // Either wakes every waiter, on every rank; Corrupt is not retried.
+      if (corrupt) (void)q->cache_->mark_corrupt(io->slot);
+      else (void)q->cache_->mark_failed(io->slot);
     }
   } else {
+    // The stored word first: once the task is done, a new dump of the key
+    // must find the outcome (and write again after a failure).
+    if (q->cache_->finish_write(io->slot, req->result == Result::kOk) != Result::kOk)
+      UCM_WARN("rank %u: ending the write-through of slot %u: %s", q->opts_.local_rank, io->slot,
+               last_error().c_str());
     if (req->result == Result::kOk) {
       add(q->ctr_->dumps, 1);
       add(q->ctr_->bytes_dumped, req->bytes);
       io->task->entry_ok();
     } else {
-      // The slot stays Ready (its bytes are right); the store did not take them.
+      // The slot stays Ready (its bytes are right); the store did not take
+      // them: the next dump of the key writes them again.
       add(q->ctr_->failed_shards, 1);
       io->task->entry_failed(io->index, Result::kBackend,
                              q->key_text(req->key) + ": write-through failed: " + std::string(req->error));
@@ -373,13 +402,59 @@ void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {
   it.task->entry_failed(it.index, r, why);
 }
 
+bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
+  // Idle with an owner: somebody (maybe us) is filling it. Sleep on the word.
+  const TaskEntry& e = it.task->entries()[it.index];
+  if (stopping()) {
+    fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    return false;
+  }
+  const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
+  uint32_t now_word = *w;
+  const Result r = cache_->wait_for_change(it.slot, *w, until, &now_word);
+  if (r == Result::kOk) {
+    *w = now_word;
+  } else if (r == Result::kTimeout) {
+    if (now_ns() >= it.task->deadline_ns()) {
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, Result::kTimeout,
+                key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(*w)) +
+                    " at the task's deadline");
+      return false;
+    }
+    // A piece of the wait ended (wait_for_change looked at the owner's
+    // liveness before it returned); wait again.
+  } else {
+    fail_item(it, r, key_text(e.key) + ": " + last_error());
+    return false;
+  }
+  return true;
+}
+
+std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
+  const uint32_t by = word_owner(w);
+  if (by == opts_.local_rank) {
+    std::lock_guard<std::mutex> g(io_mu_);
+    const auto it = corrupt_notes_.find(slot);
+    if (it != corrupt_notes_.end() && it->second.key == k) return key_text(k) + ": " + it->second.error;
+  }
+  return key_text(k) + ": the store's copy failed its checks (loaded by local rank " + std::to_string(by) +
+         "); not retried";
+}
+
 void LoadQueue::process(Item& it) {
+  if (it.task->kind() == TaskKind::kDump) return process_dump(it);
   const TaskEntry& e = it.task->entries()[it.index];
   const uint64_t started = now_ns();
   uint32_t w = it.word;
   for (;;) {
     const State s = word_state(w);
     if (s == State::kReady) break;
+    if (s == State::kCorrupt) {
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, Result::kCorrupt, corrupt_text(e.key, it.slot, w));
+      return;
+    }
     const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
     if (s == State::kFailed || unowned) {
       if (s == State::kFailed && ++it.failures > opts_.load_retries) {
@@ -395,17 +470,7 @@ void LoadQueue::process(Item& it) {
         return;
       }
       if (cache_->try_take_over(it.slot, w)) {
-        Result r = Result::kOk;
-        if (it.task->kind() == TaskKind::kLoad) {
-          r = start_load(it.task, it.index, it.slot);
-        } else {
-          // A dumper whose peer's write failed: write it ourselves.
-          r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
-          if (r == Result::kOk) {
-            cache_->release(it.slot);
-            return;  // the entry completes with the write-through
-          }
-        }
+        const Result r = start_load(it.task, it.index, it.slot);
         if (r != Result::kOk) {
           (void)cache_->mark_failed(it.slot);
           fail_item(it, r, key_text(e.key) + ": " + last_error());
@@ -415,37 +480,9 @@ void LoadQueue::process(Item& it) {
       w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
       continue;
     }
-    // Idle with an owner: somebody (maybe us) is loading it. Sleep on the word.
-    if (stopping()) {
-      fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
-      return;
-    }
-    const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
-    uint32_t now_word = w;
-    const Result r = cache_->wait_for_change(it.slot, w, until, &now_word);
-    if (r == Result::kOk) {
-      w = now_word;
-    } else if (r == Result::kTimeout) {
-      if (now_ns() >= it.task->deadline_ns()) {
-        add(ctr_->wait_ns, now_ns() - started);
-        fail_item(it, Result::kTimeout,
-                  key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(w)) +
-                      " at the task's deadline");
-        return;
-      }
-      // A piece of the wait ended (wait_for_change looked at the owner's
-      // liveness before it returned); wait again.
-    } else {
-      fail_item(it, r, key_text(e.key) + ": " + last_error());
-      return;
-    }
+    if (!await_change(it, &w, started)) return;
   }
   add(ctr_->wait_ns, now_ns() - started);
-  if (it.task->kind() == TaskKind::kDump) {  // a peer wrote it: nothing to copy
-    cache_->release(it.slot);
-    it.task->entry_ok();
-    return;
-  }
   uint64_t ticket = 0;
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);
   if (r != Result::kOk) {
@@ -456,6 +493,106 @@ void LoadQueue::process(Item& it) {
   // the stream settles its ticket, and retire_copies() then fails the entry.
   if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "%s: %s", key_text(e.key).c_str(), last_error().c_str());
   copies_.push_back(Copy{it.task, it.index, it.slot, ticket});
+}
+
+void LoadQueue::process_dump(Item& it) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  const uint64_t started = now_ns();
+  uint32_t w = it.word;
+  for (;;) {
+    const State s = word_state(w);
+    if (s == State::kReady) return dump_ready(it, started);
+    const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
+    if (s == State::kFailed || s == State::kCorrupt || unowned) {
+      if (s == State::kFailed && ++it.failures > opts_.load_retries) {
+        add(ctr_->wait_ns, now_ns() - started);
+        fail_item(it, Result::kBackend,
+                  key_text(e.key) + ": the slot failed " + std::to_string(it.failures) + " times while it was filled");
+        return;
+      }
+      // Nobody else will fill it: fill it from our bytes and write them
+      // through (a corrupt copy is replaced, in the cache and the store).
+      if (cache_->try_take_over(it.slot, w, true)) {
+        add(ctr_->wait_ns, now_ns() - started);
+        const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
+        if (r != Result::kOk) {
+          (void)cache_->mark_failed(it.slot);
+          fail_item(it, r, key_text(e.key) + ": " + last_error());
+          return;
+        }
+        cache_->release(it.slot);
+        return;  // the entry completes with the write-through
+      }
+      w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+      continue;
+    }
+    if (!await_change(it, &w, started)) return;
+  }
+}
+
+void LoadQueue::dump_ready(Item& it, uint64_t started) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  for (;;) {
+    WriteClaim wc = WriteClaim::kStored;
+    uint32_t sw = 0;
+    const Result r = cache_->claim_write(it.slot, &wc, &sw);
+    if (r != Result::kOk) {
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, r, key_text(e.key) + ": " + last_error());
+      return;
+    }
+    if (wc != WriteClaim::kBeingWritten) {
+      add(ctr_->wait_ns, now_ns() - started);
+      if (wc == WriteClaim::kWriter) start_write(it.task, it.index, it.slot);  // completes the entry
+      else it.task->entry_ok();
+      cache_->release(it.slot);
+      return;
+    }
+    // Another write of these bytes is in flight (or ours, from an earlier
+    // task): its outcome is ours.
+    for (;;) {
+      if (stopping()) {
+        fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while it was written through");
+        return;
+      }
+      const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
+      uint32_t now_sw = sw;
+      const Result wr = cache_->wait_store_change(it.slot, sw, until, &now_sw);
+      if (wr == Result::kTimeout) {
+        if (now_ns() < it.task->deadline_ns()) continue;
+        add(ctr_->wait_ns, now_ns() - started);
+        fail_item(it, Result::kTimeout,
+                  key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(sw)) +
+                      " did not end by the task's deadline");
+        return;
+      }
+      if (wr != Result::kOk) {
+        fail_item(it, wr, key_text(e.key) + ": " + last_error());
+        return;
+      }
+      const StoreState st = static_cast<StoreState>(now_sw & kStoredStateMask);
+      if (st == StoreState::kWriting) {  // a new writer took over a dead one's write
+        sw = now_sw;
+        continue;
+      }
+      if (st == StoreState::kWriteFailed) {
+        add(ctr_->wait_ns, now_ns() - started);
+        add(ctr_->failed_shards, 1);
+        cache_->release(it.slot);
+        it.task->entry_failed(it.index, Result::kBackend,
+                              key_text(e.key) + ": local rank " + std::to_string(stored_writer(now_sw)) +
+                                  "'s write-through failed (the store did not take the bytes)");
+        return;
+      }
+      if (st == StoreState::kStored) {
+        add(ctr_->wait_ns, now_ns() - started);
+        cache_->release(it.slot);
+        it.task->entry_ok();
+        return;
+      }
+      break;  // NotStored: its writer died; claim the write ourselves
+    }
+  }
 }
 
 void LoadQueue::retire_copies(bool all) {

@@ -12,15 +12,29 @@
 // the entry to the copier; as waiter it hands it over at once. It never waits
 // for another rank. When everything of a load task is handed over and no task
 // is pending, it preallocates (block, shard + 1) for the task's blocks, and
-// stops the moment a task arrives. A dump task's owner entries are written
-// into their slot, made Ready (so peers hit them) and written through.
+// stops the moment a task arrives.
+//
+// Dumps. A dump says OK only once the key's bytes are in the store (the
+// slot's stored word, layout.h). An owner entry is copied into its slot, made
+// Ready (so peers hit it) with this rank as its writer, and written through.
+// A Ready slot: stored -> OK at once; not stored (its write failed, or its
+// writer died) -> this rank writes the slot's bytes through; being written ->
+// the copier waits for that write (bounded by the task's deadline, checking
+// the writer's liveness) and reports its outcome: OK, or UCM_ERR_BACKEND
+// naming the rank whose write-through failed. A slot still being filled is
+// waited for as a load is; a Failed or Corrupt one is taken over and filled
+// from the caller's bytes. The entry of the rank that writes completes with
+// its write.
 //
 // The copier takes entries in order and waits for Ready on the slot's futex
 // word (bounded, checking the owner's liveness; recovery turns a dead owner's
 // load into Failed). Failed: it takes the load over (one CAS: one winner per
 // node) and reloads, up to load_retries times, then fails the entry with the
 // backend's error. Ready: it copies through its own copy stream and releases
-// the pin once the copy has landed.
+// the pin once the copy has landed. Corrupt (the store's copy failed its
+// checks): it fails the entry with UCM_ERR_CORRUPT at once, never retries
+// (the owner's rank with the store's words, the others naming the key and
+// the rank whose load found it).
 //
 // The backend's completion marks the slot Ready or Failed and drops the I/O
 // pin; a slot is never re-keyed while its I/O is in flight, so a late or hung
@@ -33,6 +47,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -99,10 +114,16 @@ class LoadQueue {
   Result get_with_backpressure(const Key& k, const Task& t, GetResult* g);
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
+  void start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   void idle_prealloc(const Task& t);
   bool task_pending();
   bool stopping();
   void process(Item& it);
+  void process_dump(Item& it);
+  void dump_ready(Item& it, uint64_t started);
+  // Waits for the slot's word to change from *w; false when the item failed.
+  bool await_change(Item& it, uint32_t* w, uint64_t started);
+  std::string corrupt_text(const Key& k, uint32_t slot, uint32_t w);
   void retire_copies(bool all);
   void fail_item(Item& it, Result r, const std::string& why);
   static void on_io_done(IoRequest* req);
@@ -129,6 +150,12 @@ class LoadQueue {
   std::condition_variable io_cv_;
   uint64_t io_inflight_ = 0;
   std::string last_backend_error_;
+  // The store's words for each slot whose load this rank found corrupt.
+  struct CorruptNote {
+    Key key;
+    std::string error;
+  };
+  std::unordered_map<uint32_t, CorruptNote> corrupt_notes_;
 
   std::deque<Copy> copies_;  // copier thread only
   std::thread dispatcher_;

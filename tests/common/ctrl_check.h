@@ -47,7 +47,7 @@ struct QuiescentOptions {
 struct QuiescentStats {
   uint32_t resident = 0;  // keyed slots on chains
   uint32_t ready = 0;
-  uint32_t failed = 0;
+  uint32_t failed = 0;     // Failed or Corrupt
   uint32_t idle = 0;       // keyed, Idle (preallocated or abandoned-and-recovered)
   uint32_t empty = 0;      // no key
   uint32_t max_chain = 0;
@@ -158,7 +158,8 @@ inline std::string check_quiescent(const BufferCtrl& c, const BufferData* data, 
         }
         break;
       }
-      case State::kFailed: ++st.failed; break;
+      case State::kFailed:
+      case State::kCorrupt: ++st.failed; break;
       case State::kIdle:
         ++st.idle;
         if (word_owner(w) != kNoOwner && !o.allow_loads_in_flight) {

@@ -104,6 +104,31 @@ TEST(CtrlHeader, ACorruptedParameterIsCaughtByTheFingerprint) {
   munmap(m, c.region_bytes());
 }
 
+TEST(CtrlHeader, AnOffsetThatDisagreesWithTheParametersIsRefused) {
+  for (const bool stored : {false, true}) {
+    BufferCtrl c;
+    ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
+    void* m;
+    CtrlHeader* h = writable_header(c, &m);
+    (stored ? h->stored_off : h->accessed_off) += 64;
+    EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt) << (stored ? "stored_off" : "accessed_off");
+    EXPECT_TRUE(error_has("offsets disagree")) << last_error();
+    munmap(m, c.region_bytes());
+  }
+}
+
+TEST(CtrlHeader, TheStoredWordsLieApartFromTheHitPathsLinesAndInsideTheRegion) {
+  BufferCtrl c;
+  ASSERT_EQ(BufferCtrl::create(params(100, 28), &c), Result::kOk);
+  const CtrlHeader& h = c.header();
+  EXPECT_EQ(h.stored_off % 64, 0u);
+  EXPECT_GE(h.stored_off, h.accessed_off + c.total_slots()) << "after the accessed bytes, not among them";
+  EXPECT_LE(h.stored_off + 4ull * c.total_slots(), c.region_bytes());
+  for (uint32_t i = 0; i < c.total_slots(); ++i) ASSERT_EQ(c.stored(i).load(), 0u) << "slot " << i;
+  c.stored(c.total_slots() - 1).store(0x1234);
+  EXPECT_EQ(c.accessed(c.total_slots() - 1).load(), 0u);
+}
+
 TEST(CtrlHeader, TruncatedRegionIsRefused) {
   BufferCtrl c;
   ASSERT_EQ(BufferCtrl::create(params(64), &c), Result::kOk);

@@ -1,9 +1,9 @@
 // Faults for real: a rank is SIGKILLed while it holds a bucket lock, while it
-// owns a load in flight, while it pins every slot, and at random moments of a
-// random workload. Every time, the survivors finish their work within a
-// deadline far above the design bound (under 2 s per dead rank; the measured
-// time is printed), no half-loaded slot is ever served as Ready, and the
-// control plane ends clean.
+// owns a load in flight, while it writes a dump through, while it pins every
+// slot, and at random moments of a random workload. Every time, the survivors
+// finish their work within a deadline far above the design bound (under 2 s
+// per dead rank; the measured time is printed), no half-loaded slot is ever
+// served as Ready, and the control plane ends clean.
 #include <gtest/gtest.h>
 
 #include <cinttypes>
@@ -326,6 +326,135 @@ TEST(SigKill, LateGetOfAKilledOwnersKeyTakesTheLoadOver) {
   std::printf("[SigKill orphan] a later get() reloaded the dead owner's shard in %.1f ms\n",
               ms_between(t0, sh->ready_ns.load()));
   EXPECT_EQ(quiescent(tc), "");
+  expect_hit(tc, 0, K);
+}
+
+// ---- (b') killed while it writes a dump through: a waiting dumper writes it ----
+
+constexpr uint32_t kWriteWaiters = 2;
+
+struct WriterShared {
+  ShmSignal writing;
+  ShmSignal waiting;
+  std::atomic<uint32_t> slot{kNoSlot};
+  std::atomic<uint32_t> writers{0};  // waiters that became the writer
+  std::atomic<uint32_t> stored{0};   // waiters that saw the other's write succeed
+  std::atomic<uint32_t> done{0};
+  std::atomic<uint64_t> written_ns{0};
+  ShmError error;
+};
+
+// A dumper pinned on Ready `slot` that saw the write `seen` in flight: waits
+// for its outcome, writing the bytes itself if the writer is gone.
+void await_write_or_take_over(CacheBuffer& cb, uint32_t slot, uint32_t seen, WriterShared* sh) {
+  const uint64_t deadline = deadline_after_ms(kDeadlineMs);
+  for (;;) {
+    uint32_t now = 0;
+    if (cb.wait_store_change(slot, seen, deadline, &now) != Result::kOk) {
+      sh->error.report("rank %u: wait_store_change on slot %u (stored word 0x%x): %s", cb.rank(), slot, seen,
+                       last_error().c_str());
+      return;
+    }
+    switch (static_cast<StoreState>(now & kStoredStateMask)) {
+      case StoreState::kWriting:
+        seen = now;
+        continue;
+      case StoreState::kStored:
+        sh->stored.fetch_add(1);
+        return;
+      case StoreState::kWriteFailed:
+        sh->error.report("rank %u: nobody failed a write, yet the stored word says 0x%x", cb.rank(), now);
+        return;
+      case StoreState::kNotStored: {
+        WriteClaim wc = WriteClaim::kStored;
+        if (cb.claim_write(slot, &wc, &seen) != Result::kOk) {
+          sh->error.report("rank %u: claim_write: %s", cb.rank(), last_error().c_str());
+          return;
+        }
+        if (wc == WriteClaim::kWriter) {
+          sh->writers.fetch_add(1);
+          sh->written_ns.store(now_ns());
+          if (cb.finish_write(slot, true) != Result::kOk)
+            sh->error.report("rank %u: finish_write: %s", cb.rank(), last_error().c_str());
+          return;
+        }
+        if (wc == WriteClaim::kStored) {
+          sh->stored.fetch_add(1);
+          return;
+        }
+        continue;  // another waiter writes it: wait for that
+      }
+    }
+  }
+}
+
+TEST(SigKill, KilledWritersWriteThroughIsWrittenByExactlyOneWaitingDumper) {
+  TestCache tc;
+  make_cache(params(64, 8, 4096), &tc);
+  Shared<WriterShared> sh;
+  const Key K = key(13, 1);
+  Children ch;
+
+  // Rank 1 dumps K: fills it, makes it Ready as its writer, and never ends the write.
+  const pid_t writer = ch.spawn([&] {
+    TestCache mine;
+    join_as(tc, 1, &mine);
+    CacheBuffer cb = cache_for(mine, 1);
+    GetResult g;
+    ASSERT_EQ(cb.get(K, &g), Result::kOk) << last_error();
+    ASSERT_EQ(g.kind, GetKind::kOwner);
+    fill_pattern(cb.data_at(g.slot), mine.ctrl.slot_bytes(), K);
+    ASSERT_EQ(cb.mark_ready_for_write(g.slot), Result::kOk) << last_error();
+    cb.add_pin(g.slot);  // the write's own pin
+    sh->slot.store(g.slot);
+    sh->writing.set(1);
+    sleep_forever();
+  });
+  ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs))) << "the writer never reported";
+
+  const uint32_t waiter_ranks[kWriteWaiters] = {2, 3};
+  pid_t waiters[kWriteWaiters];
+  for (uint32_t i = 0; i < kWriteWaiters; ++i) {
+    const uint32_t rank = waiter_ranks[i];
+    waiters[i] = ch.spawn([&, rank] {
+      TestCache mine;
+      join_as(tc, rank, &mine);
+      CacheBuffer cb = cache_for(mine, rank);
+      GetResult g;
+      ASSERT_EQ(cb.get(K, &g), Result::kOk) << last_error();
+      ASSERT_EQ(g.kind, GetKind::kHit) << "a dump's bytes are served while they are written";
+      WriteClaim wc = WriteClaim::kStored;
+      uint32_t seen = 0;
+      ASSERT_EQ(cb.claim_write(g.slot, &wc, &seen), Result::kOk) << last_error();
+      ASSERT_EQ(wc, WriteClaim::kBeingWritten) << "the writer is alive and writing";
+      sh->waiting.add();
+      await_write_or_take_over(cb, g.slot, seen, sh.get());
+      sh->done.fetch_add(1);
+      cb.release(g.slot);
+      mine.ctrl.leave(rank);
+    });
+  }
+  ASSERT_TRUE(sh->waiting.wait_ge(kWriteWaiters, deadline_after_ms(kDeadlineMs)));
+  usleep(100 * 1000);
+  const uint32_t slot = sh->slot.load();
+  const uint32_t sw = tc.ctrl.stored(slot).load();
+  EXPECT_EQ(static_cast<StoreState>(sw & kStoredStateMask), StoreState::kWriting) << "still writing while it lives";
+  EXPECT_EQ(stored_writer(sw), 1u);
+  EXPECT_EQ(sh->done.load(), 0u) << "a dumper was answered while the write was in flight";
+
+  const uint64_t t_kill = now_ns();
+  ch.kill_now(writer);
+  for (uint32_t i = 0; i < kWriteWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], kDeadlineMs), 0) << "waiter " << i;
+  EXPECT_FALSE(sh->error.any()) << sh->error.first();
+  EXPECT_EQ(sh->writers.load(), 1u) << "exactly one waiting dumper writes the dead writer's bytes";
+  EXPECT_EQ(sh->stored.load(), kWriteWaiters - 1) << "the other gets that write's outcome";
+  ASSERT_NE(sh->written_ns.load(), 0u);
+  std::printf("[SigKill writer] the dead writer's write-through was taken over %.1f ms after SIGKILL\n",
+              ms_between(t_kill, sh->written_ns.load()));
+  EXPECT_LT(ms_between(t_kill, sh->written_ns.load()), static_cast<double>(kDeadlineMs));
+  EXPECT_EQ(tc.ctrl.rank(1).state.load(), static_cast<uint32_t>(RankState::kFree));
+  EXPECT_EQ(quiescent(tc), "");
+  EXPECT_EQ(stored_state(tc.ctrl.stored(slot).load(), tc.ctrl.slot(slot).word.load()), StoreState::kStored);
   expect_hit(tc, 0, K);
 }
 

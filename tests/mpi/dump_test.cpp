@@ -1,9 +1,15 @@
 // The write path under mpirun: ucm_dump_task into the posix store and back,
 // one backend write per key per node, peers hitting what was dumped, a store
-// that survives a restart of the cache, a failing write-through, the Touch
+// that survives a restart of the cache, a failing write-through (every rank
+// that dumped the key is told, and the next dump writes it again), a corrupt
+// shard in the store (UCM_ERR_CORRUPT on every rank, loaded once), the Touch
 // cascade, and ucm_lookup's three answers (on a scheduler rank too).
+#include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -39,6 +45,7 @@ class StoreDir {
            FTW_DEPTH | FTW_PHYS);
   }
   std::string spec() const { return "posix:" + dir_; }
+  const std::string& path() const { return dir_; }
 
  private:
   std::string dir_;
@@ -162,6 +169,227 @@ TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
   const ucm_stats_t s2 = node_stats(cache);
   EXPECT_EQ(s2.owner_loads, s1.owner_loads) << "nothing went to the store";
   EXPECT_EQ(s2.dumps, static_cast<uint64_t>(world_size())) << "only the good keys were written";
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+// While it lives, this process cannot grow a file past `bytes` (writes fail
+// with EFBIG instead of raising SIGXFSZ); the old limit and handler come back
+// when it goes.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    ok_ = getrlimit(RLIMIT_FSIZE, &old_) == 0;
+    rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    ok_ = ok_ && setrlimit(RLIMIT_FSIZE, &lim) == 0;
+    EXPECT_TRUE(ok_) << "setrlimit(RLIMIT_FSIZE)";
+  }
+  ~FileSizeLimit() {
+    if (ok_) {
+      EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &old_), 0);
+    }
+    signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  sighandler_t old_handler_ = SIG_DFL;
+  bool ok_ = false;
+};
+
+bool store_has(ucm_cache_t cache, const ucm_key_t& k) {
+  bool there = false;
+  EXPECT_EQ(impl_of(cache)->backend()->exists(ikey(k), &there), Result::kOk) << last_error();
+  return there;
+}
+
+uint64_t ranks_where(bool b) { return sum_over_ranks(b ? 1 : 0); }
+
+TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer) {
+  StoreDir store;
+  ucm_config_t cfg = task_config(128, store.spec().c_str());
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const ucm_key_t a = ukey(34000, 1);  // retried by rank 0 itself
+  const ucm_key_t b = ukey(34001, 2);  // retried by the last rank
+  const int last = world_size() - 1;
+
+  // Rank 0 cannot write a file past half a shard: both write-throughs fail.
+  if (world_rank() == 0) {
+    FileSizeLimit limit(kTaskShard / 2);
+    DumpBatch d;
+    d.add(a);
+    d.add(b);
+    EXPECT_EQ(dump_and_wait(cache, d), UCM_ERR_BACKEND) << ucm_last_error(cache);
+    const std::string err = ucm_last_error(cache);
+    EXPECT_NE(err.find("write-through failed"), std::string::npos) << err;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_FALSE(store_has(cache, a));
+  EXPECT_FALSE(store_has(cache, b));
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // The limit is gone. Rank 0 dumps a again, the last rank dumps b: each
+  // dump must write the key through, not answer OK for the cached copy.
+  if (world_rank() == 0) {
+    DumpBatch d;
+    d.add(a);
+    EXPECT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+  }
+  if (world_rank() == last) {
+    DumpBatch d;
+    d.add(b);
+    EXPECT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_TRUE(store_has(cache, a)) << "the same rank's second dump of a did not write it";
+  EXPECT_TRUE(store_has(cache, b)) << "a peer's dump of b did not write it";
+  EXPECT_EQ(node_stats(cache).dumps, 2u) << "one write per key went through";
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+
+  // A new cache: the keys are in the store and come back as dumped.
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  std::vector<ucm_key_t> keys{a, b};
+  std::vector<uint8_t> where(keys.size(), 0xff);
+  ASSERT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_OK) << ucm_last_error(cache);
+  EXPECT_EQ(where[0], UCM_WHERE_BACKEND);
+  EXPECT_EQ(where[1], UCM_WHERE_BACKEND);
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank looked before any loads
+  LoadBatch l;
+  l.add(a);
+  l.add(b);
+  ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+  EXPECT_TRUE(is_dumped(a, l.dst[0]));
+  EXPECT_TRUE(is_dumped(b, l.dst[1]));
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+TEST_F(Dump, EveryRankThatDumpsAKeyWhoseWriteFailsGetsTheBackendError) {
+  // Every rank dumps the key the sim store refuses to write: whether a rank
+  // wrote it, waited for a peer's write or came after it, it is told.
+  const ucm_key_t k = ukey(35000, 1);
+  ucm_config_t cfg = task_config(128, "sim:latency_us=2000,fail_keys=35000.1");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  for (int round = 0; round < 2; ++round) {
+    DumpBatch d;
+    d.add(k);
+    EXPECT_EQ(dump_and_wait(cache, d), UCM_ERR_BACKEND) << "round " << round << ": " << ucm_last_error(cache);
+    const std::string err = ucm_last_error(cache);
+    EXPECT_NE(err.find(key_hex(k)), std::string::npos) << err;
+    EXPECT_NE(err.find("write-through failed"), std::string::npos) << err;
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  EXPECT_EQ(node_stats(cache).dumps, 0u);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // The store takes it now: the next dump writes it once for the node, and
+  // a dump after that is answered at once (the slot knows it is stored).
+  sim_of(cache)->clear_faults();
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int round = 0; round < 2; ++round) {
+    DumpBatch d;
+    d.add(k);
+    EXPECT_EQ(dump_and_wait(cache, d), UCM_OK) << "round " << round << ": " << ucm_last_error(cache);
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(node_stats(cache).dumps, 1u) << "round " << round;
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+// Flips one byte of shard k in its block's file.
+void corrupt_shard(const std::string& dir, const ucm_key_t& k) {
+  const Key ik = ikey(k);
+  char name[64];
+  std::snprintf(name, sizeof(name), "/%016llx%016llx.ucmblk", static_cast<unsigned long long>(ik.block.hi),
+                static_cast<unsigned long long>(ik.block.lo));
+  const std::string path = dir + name;
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  const off_t off = static_cast<off_t>(k.shard * kTaskShard + 77);
+  uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, off), 1) << path;
+  byte ^= 0x10;
+  ASSERT_EQ(pwrite(fd, &byte, 1, off), 1) << path;
+  close(fd);
+}
+
+TEST_F(Dump, ACorruptShardIsUcmErrCorruptOnEveryRankAndLoadedOnce) {
+  StoreDir store;
+  ucm_config_t cfg = task_config(128, store.spec().c_str());
+  ucm_cache_t cache = nullptr;
+  const ucm_key_t k = ukey(36000, 3);
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  {
+    DumpBatch d;
+    d.add(k);
+    ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  if (world_rank() == 0) corrupt_shard(store.path(), k);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // A new cache: every rank loads k; one rank reads the store, once.
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  {
+    LoadBatch l;
+    l.add(k);
+    EXPECT_EQ(load_and_wait(cache, l), UCM_ERR_CORRUPT) << ucm_last_error(cache);
+    const std::string err = ucm_last_error(cache);
+    EXPECT_NE(err.find(key_hex(k)), std::string::npos) << err;
+    EXPECT_TRUE(l.untouched(0)) << "no byte of a corrupt shard reaches the caller";
+    // The rank that read it passes on the store's words (they name the file);
+    // the others say whose load found it.
+    const bool store_words = err.find(".ucmblk") != std::string::npos;
+    EXPECT_EQ(ranks_where(store_words), 1u) << err;
+    if (!store_words) {
+      EXPECT_NE(err.find("failed its checks"), std::string::npos) << err;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ucm_stats_t s = node_stats(cache);
+  EXPECT_EQ(s.owner_loads, 1u) << "a corrupt shard is not retried";
+  EXPECT_EQ(s.load_failures, 1u);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // The verdict stands while the key is resident: asked again, no rank goes
+  // back to the store.
+  {
+    LoadBatch l;
+    l.add(k);
+    EXPECT_EQ(load_and_wait(cache, l), UCM_ERR_CORRUPT) << ucm_last_error(cache);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(node_stats(cache).owner_loads, 1u);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // A dump of the key replaces the bad copy, in the cache and in the store.
+  {
+    DumpBatch d;
+    d.add(k);
+    ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
+    LoadBatch l;
+    l.add(k);
+    ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+    EXPECT_TRUE(is_dumped(k, l.dst[0]));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  {
+    LoadBatch l;
+    l.add(k);
+    ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
+    EXPECT_TRUE(is_dumped(k, l.dst[0])) << "the store holds the repaired shard";
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
 }
