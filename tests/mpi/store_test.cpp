@@ -89,7 +89,7 @@ TEST_F(Store, ABlockFileUnderAnotherBlocksNameIsNeverServed) {
   for (uint32_t s = 0; s < 8; ++s) l.add(ukey(kB, s));
   const ucm_result_t r = load_and_wait(cache, l);
   const std::string err = ucm_last_error(cache);
-  EXPECT_NE(r, UCM_OK) << "block A's bytes were served as block B";
+  EXPECT_EQ(r, UCM_ERR_CORRUPT) << "block A's bytes under block B's name must be corrupt, not served: " << err;
   size_t wrong = 0;
   for (size_t i = 0; i < l.entries.size(); ++i) {
     std::vector<uint8_t> a_bytes(kTaskShard);
