@@ -292,6 +292,7 @@ Result Cache::wait(uint64_t id, int64_t timeout_ms) {
 Result Cache::test(uint64_t id, int* done) {
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
+    if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
     if (it == tasks_.end())
       return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
