@@ -2,7 +2,19 @@
  * ucmcache: a node-shared host-memory cache of KV-cache shards for multi-GPU
  * inference. This is the public C API; everything not declared here is hidden.
  *
- * Every function returns a ucm_result_t. Nothing throws across this boundary.
+ * Every function returns a ucm_result_t. Nothing throws across this boundary:
+ * an exception inside becomes a result (std::bad_alloc UCM_ERR_NO_MEMORY, a
+ * failed system call such as a thread that cannot be created UCM_ERR_SYSTEM,
+ * anything else UCM_ERR_INTERNAL) with its text in the last error.
+ *
+ * Threads. Every call but ucm_cache_init and ucm_cache_finalize may run on
+ * any thread, at the same time as any other call on the same cache (waits for
+ * the same task included). ucm_cache_finalize may overlap any of them too:
+ * a call that starts once finalize has begun returns UCM_ERR_FINALIZED, a
+ * ucm_task_wait blocked in it returns UCM_ERR_FINALIZED, and the calls in
+ * flight finish before the cache is freed (see ucm_cache_finalize). The MPI
+ * calls happen in ucm_cache_init and ucm_cache_finalize only, on the calling
+ * thread.
  * Public names never collide with UCX's libucm (which Open MPI loads): UCX
  * exports ucm_init, ucm_strerror, ucm_mmap and ~100 other ucm_* symbols, so
  * ours are ucm_cache_*, ucm_result_*, ucm_version_* and the like.
@@ -51,10 +63,10 @@ typedef enum ucm_result {
   UCM_ERR_DUPLICATE_KEY = 17,  /* the same key appears twice in one task */
   UCM_ERR_DEVICE = 18,         /* the device (CUDA) layer failed */
   UCM_ERR_INTERNAL = 19,       /* a bug: please report it with the log */
-  UCM_ERR_NULL_POINTER = 20,   /* a required pointer (entries, dst, src, output) is NULL */
+  UCM_ERR_NULL_POINTER = 20,   /* a required pointer (config, entries, keys, dst, src, an output) is NULL */
   UCM_ERR_OUT_OF_RANGE = 21,   /* a shard index is >= shards_per_block */
   UCM_ERR_EMPTY = 22,          /* a task of 0 entries */
-  UCM_ERR_TOO_LARGE = 23,      /* a task of more than max_task_entries entries */
+  UCM_ERR_TOO_LARGE = 23,      /* more than max_task_entries entries, blocks or keys in one call */
   UCM_ERR_UNKNOWN_TASK = 24    /* not a task of this cache, or already waited for */
 } ucm_result_t;
 
@@ -114,11 +126,14 @@ typedef struct ucm_config {
 
 /* Defaults, then UCM_* variables. A variable with a bad value is an error that
  * names it ("UCM_SHARD_BYTES=12x is not a size"); the config then holds the
- * defaults for that field. */
+ * defaults. Sizes are digits with an optional K/M/G/T (KiB, ...) suffix and
+ * integers digits with an optional '-': no blanks, no '+' (" -1" is not a
+ * size). NULL: UCM_ERR_NULL_POINTER. */
 UCM_API ucm_result_t ucm_config_init(ucm_config_t* config);
 
 /* Checks every field on its own; the message (ucm_config_error) names the first
- * bad field and its value. */
+ * bad field and its value. Also: shards_per_block x shard_bytes (one block's
+ * file) must fit in off_t. NULL: UCM_ERR_NULL_POINTER. */
 UCM_API ucm_result_t ucm_config_check(const ucm_config_t* config);
 
 /* The message of the last failed ucm_config_* call on this thread. */
@@ -159,11 +174,25 @@ typedef struct ucm_cache_info {
 /* Collective over comm: every rank calls it. Ranks on one node (or pretend
  * node, see ranks_per_node) share one cache. On failure every rank returns the
  * same error, *cache is NULL, and ucm_last_error(NULL) says which rank failed
- * and why. */
+ * and why. That holds for bad arguments too: a rank that passes a NULL config
+ * or a NULL cache still takes part, and every rank returns
+ * UCM_ERR_NULL_POINTER. */
 UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, ucm_cache_t* cache);
 
 /* Collective over the communicator of ucm_cache_init. Sets *cache to NULL;
- * any later use of the old handle returns UCM_ERR_FINALIZED. */
+ * any later use of the old handle returns UCM_ERR_FINALIZED. In steps:
+ *   1. calls that start from now on return UCM_ERR_FINALIZED;
+ *   2. this rank's queue threads stop (no copy into a task's destinations
+ *      starts after this), and every ucm_task_wait blocked on this cache
+ *      returns UCM_ERR_FINALIZED (its task is abandoned);
+ *   3. the calls still in flight on other threads get timeout_ms to return;
+ *   4. the node's ranks meet, and the cache is torn down.
+ * If calls are still running after timeout_ms (a thread stuck in the kernel),
+ * the ranks still meet, but the cache's memory and threads are left in place
+ * rather than freed under those calls, until the process exits: the result is
+ * UCM_ERR_TIMEOUT, naming how many. A second finalize of the same handle
+ * (another thread's, or a later one) returns UCM_ERR_FINALIZED; a NULL
+ * argument UCM_ERR_NULL_POINTER. */
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);
 
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info);
@@ -182,6 +211,7 @@ UCM_API const char* ucm_last_error(ucm_cache_t cache);
  *   UCM_ERR_NULL_POINTER  entries, a dst/src, or the task output is NULL
  *   UCM_ERR_EMPTY         n == 0
  *   UCM_ERR_TOO_LARGE     n > max_task_entries
+ *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0
  *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
  *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
  *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank
@@ -221,19 +251,22 @@ UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* en
  * the store holds the key. After UCM_ERR_BACKEND the cached copy is still
  * served, and the next dump of the key (any rank) writes it through again. */
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);
-/* Waits up to timeout_ms (< 0: no bound). Returns the task's result (UCM_OK,
- * or the first failure: UCM_ERR_BACKEND names the keys that failed;
- * UCM_ERR_CORRUPT a shard whose stored copy failed its checks, not retried
- * while it stays in the cache, replaced by a dump of the key) and
- * retires the handle; UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK
- * for a handle that is not (or no longer) a task of this cache. */
+/* Waits up to timeout_ms (< 0, or too large to add to the clock, such as
+ * INT64_MAX: no bound). Returns the task's result (UCM_OK, or the first
+ * failure: UCM_ERR_BACKEND names the keys that failed; UCM_ERR_CORRUPT a shard
+ * whose stored copy failed its checks, not retried while it stays in the
+ * cache, replaced by a dump of the key) and retires the handle;
+ * UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK for a handle that is
+ * not (or no longer) a task of this cache; UCM_ERR_FINALIZED when
+ * ucm_cache_finalize begins, even during an unbounded wait. */
 UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms);
 /* Never blocks: *done = 0 and UCM_OK while it runs; once done, *done = 1 and
  * the task's result, as ucm_task_wait. */
 UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* done);
 
 /* Marks every resident shard of each block as recently used, then forwards the
- * same batch to the backend's touch (which keeps its copy warm). */
+ * same batch to the backend's touch (which keeps its copy warm). n == 0 does
+ * nothing; n > max_task_entries is UCM_ERR_TOO_LARGE. */
 UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n);
 
 #define UCM_WHERE_NONE 0    /* neither in the cache nor in the backend */
@@ -248,7 +281,8 @@ UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, siz
  * the call then returns UCM_ERR_BACKEND, and ucm_last_error says how many
  * keys are unknown and names the first (its index, key and file). A stored
  * copy that fails its checks (corrupt, another key's, an older format) is not
- * a usable copy: UCM_WHERE_NONE. */
+ * a usable copy: UCM_WHERE_NONE. n > max_task_entries is UCM_ERR_TOO_LARGE; a
+ * key whose reserved field is not 0 UCM_ERR_INVALID_ARG. */
 UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where);
 
 typedef struct ucm_stats {

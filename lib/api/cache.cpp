@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "api/config.h"
+#include "api/handles.h"
 #include "boot/fd_exchange.h"
 #include "common/log.h"
 #include "common/time.h"
@@ -27,13 +28,18 @@ std::string Cache::error() const {
   return error_;
 }
 
-Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
+Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) {
+  const std::string arg_message = ok(arg_error) ? std::string() : last_error();
   config_ = config;
   UCM_CHECK(node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_));
   log_set_rank(node_.local_rank);
 
-  // 2. The config, alone and then against the node's.
-  UCM_CHECK(collective_status(node_.comm, check_config(config_)));
+  // 2. The caller's arguments and the config, alone and then against the
+  // node's. From here on an exception between two collective steps is this
+  // rank's status in the next one (guarded), never a skipped collective.
+  const Result mine = ok(arg_error) ? guarded("ucm_cache_init", [&] { return check_config(config_); })
+                                    : fail(arg_error, "%s", arg_message.c_str());
+  UCM_CHECK(collective_status(node_.comm, mine));
   UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, config_)));
 
   // 3. The device and what it needs of the layout.
@@ -47,21 +53,37 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
   CtrlParams cp;
   DataParams dp;
   EngineTaken taken;
-  Result r = make_copy_engine(choice, &engine_, &taken);
-  device_id_ = ok(r) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
-  device_choice_ = taken.why;
-  if (ok(r) && engine_ && config_.shard_bytes % engine_->alignment() != 0)
-    r = fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
-             ", the alignment the %s copy engine of device %d needs",
-             config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
-  if (ok(r)) r = layout_from_config(config_, static_cast<uint32_t>(node_.local_size), &cp, &dp);
+  Result r = guarded("ucm_cache_init", [&] {
+    Result e = make_copy_engine(choice, &engine_, &taken);
+    device_id_ = ok(e) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
+    device_choice_ = taken.why;
+    UCM_CHECK(e);
+    if (engine_ && config_.shard_bytes % engine_->alignment() != 0)
+      return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
+                  ", the alignment the %s copy engine of device %d needs",
+                  config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
+    return layout_from_config(config_, static_cast<uint32_t>(node_.local_size), &cp, &dp);
+  });
   UCM_CHECK(collective_status(node_.comm, r));
 
   // 4-5. The planes.
   UCM_CHECK(create_or_fetch_planes(cp, dp));
 
-  // 6. Join, register, place, open the backend.
-  r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank));
+  // 6. Join, register, place, open the backend; threads that cannot be
+  // created (a pids limit) are this rank's status like any other failure.
+  r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
+  UCM_CHECK(collective_status(node_.comm, r));
+  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
+  if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
+  UCM_INFO(kBoot, "local rank %d of %d on %s (node %d of %d): device %d (%s), %s, %s", node_.local_rank,
+           node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, device_id_,
+           engine_ ? engine_->name() : "scheduler", data_.hugetlb() ? "hugetlb" : "no hugetlb",
+           placement_.summary.c_str());
+  return Result::kOk;
+}
+
+Result Cache::open_rank() {
+  Result r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank));
   joined_ = ok(r);
   if (ok(r) && engine_ && data_.valid()) {
     std::vector<std::pair<void*, uint64_t>> segs;
@@ -107,14 +129,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config) {
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
   }
-  UCM_CHECK(collective_status(node_.comm, r));
-  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
-  if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
-  UCM_INFO(kBoot, "local rank %d of %d on %s (node %d of %d): device %d (%s), %s, %s", node_.local_rank,
-           node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, device_id_,
-           engine_ ? engine_->name() : "scheduler", data_.hugetlb() ? "hugetlb" : "no hugetlb",
-           placement_.summary.c_str());
-  return Result::kOk;
+  return r;
 }
 
 Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp) {
@@ -186,9 +201,27 @@ void Cache::release_local() {
   node_teardown(&node_);
 }
 
-Result Cache::finalize() {
+void Cache::stop_tasks() noexcept {
+  try {
+    // The queue's threads first: once a wait has returned, nothing more is
+    // written into its task's destinations.
+    if (queue_) queue_->stop();
+  } catch (...) {
+    (void)exception_result("ucm_cache_finalize");
+    UCM_WARN("stopping the queue at finalize failed: %s", last_error().c_str());
+  }
+  std::lock_guard<std::mutex> g(tasks_mu_);
+  closing_ = true;
+  for (auto& [id, t] : tasks_) t->abandon();
+}
+
+Result Cache::barrier() {
   // Nobody unmaps while a peer may still be mid-call on a shared structure.
-  Result r = MPI_Barrier(node_.node) == MPI_SUCCESS ? Result::kOk : fail(Result::kSystem, "node barrier at finalize failed");
+  return MPI_Barrier(node_.node) == MPI_SUCCESS ? Result::kOk : fail(Result::kSystem, "node barrier at finalize failed");
+}
+
+Result Cache::finalize() {
+  const Result r = barrier();
   release_local();
   return r;
 }
@@ -244,6 +277,7 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
+    if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     tasks_[tid] = t;
   }
   const Result r = queue_->submit(t);
@@ -273,14 +307,20 @@ Result Cache::wait(uint64_t id, int64_t timeout_ms) {
   std::shared_ptr<Task> t;
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
+    if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
     if (it == tasks_.end())
       return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
     t = it->second;
   }
+  // Negative, or too large to add to the clock: no bound.
   const uint64_t deadline = timeout_ms < 0 ? kNoDeadline : deadline_after_ms(static_cast<uint64_t>(timeout_ms));
-  if (!t->wait_until(deadline))
+  if (!t->wait_until(deadline)) {
+    if (t->abandoned())
+      return fail(Result::kFinalized, "the cache is being finalized: task %" PRIu64
+                  " did not complete, and nothing more is written to its destinations", id);
     return fail(Result::kTimeout, "task %" PRIu64 " still running after %" PRId64 " ms", id, timeout_ms);
+  }
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     tasks_.erase(id);
@@ -293,6 +333,7 @@ Result Cache::wait(uint64_t id, int64_t timeout_ms) {
 Result Cache::test(uint64_t id, int* done) {
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
+    if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
     if (it == tasks_.end())
       return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);

@@ -46,8 +46,18 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  [[nodiscard]] Result init(MPI_Comm comm, const ucm_config_t& config);
+  // `arg_error`: a bad argument of ucm_cache_init on this rank (kOk if none).
+  // The rank still joins every collective step, so that every rank returns
+  // that error instead of waiting for this one.
+  [[nodiscard]] Result init(MPI_Comm comm, const ucm_config_t& config, Result arg_error = Result::kOk);
+  // Finalize, in steps: stop_tasks() (no new task; the queue's threads stop, so
+  // nothing more is written into any task's destinations; every blocked wait
+  // returns kFinalized), then, once the calls in flight are out, finalize()
+  // (the node barrier, then teardown). barrier() alone, when calls are still
+  // running and the cache must stay as it is.
+  void stop_tasks() noexcept;
   [[nodiscard]] Result finalize();
+  [[nodiscard]] Result barrier();
   void info(ucm_cache_info_t* out) const;
 
   const ucm_config_t& config() const { return config_; }
@@ -71,6 +81,7 @@ class Cache {
  private:
   Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
+  Result open_rank();
   void release_local();
 
   ucm_config_t config_{};
@@ -93,6 +104,7 @@ class Cache {
   std::unique_ptr<LoadQueue> queue_;
   std::mutex tasks_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
+  bool closing_ = false;  // under tasks_mu_: set by close(), never cleared
   uint64_t next_task_id_ = 1;
   mutable std::mutex error_mu_;
   std::string error_;

@@ -8,66 +8,71 @@
 #include "common/log.h"
 
 using ucm::finish_call;
+using ucm::guarded;
 
 extern "C" {
 
 UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, ucm_cache_t* cache) {
-  if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the output handle) is NULL"));
-  *cache = nullptr;
-  try {
+  if (cache) *cache = nullptr;
+  return finish_call(nullptr, guarded("ucm_cache_init", [&] {
+    // A bad argument on this rank still joins every collective step, so that
+    // its peers return the same error instead of waiting for it.
+    ucm::Result arg = ucm::Result::kOk;
+    if (!cache) arg = ucm::fail(ucm::Result::kNullPointer, "cache (the output handle) is NULL");
+    else if (!config) arg = ucm::fail(ucm::Result::kNullPointer, "config is NULL (use ucm_config_init)");
     ucm_config_t cfg;
-    if (config) {
-      cfg = *config;
-    } else {
-      // A NULL config still joins the collective, so the error is the same everywhere.
-      ucm::config_defaults(&cfg);
-      cfg.struct_bytes = 0;
-    }
+    if (config) cfg = *config;
+    else ucm::config_defaults(&cfg);
     auto impl = std::make_unique<ucm::Cache>();
-    ucm::Result r = impl->init(comm, cfg);
-    if (r != ucm::Result::kOk) {
-      if (!config) r = ucm::fail(ucm::Result::kInvalidArg, "config is NULL (use ucm_config_init)");
-      return finish_call(nullptr, r);
-    }
+    UCM_CHECK(impl->init(comm, cfg, arg));
     *cache = ucm::register_handle(std::move(impl));
-    return UCM_OK;
-  } catch (const std::bad_alloc&) {
-    return finish_call(nullptr, ucm::fail(ucm::Result::kNoMemory, "out of memory in ucm_cache_init"));
-  }
+    return ucm::Result::kOk;
+  }));
 }
 
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
-  if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kInvalidArg, "cache (the handle's address) is NULL"));
-  std::unique_ptr<ucm::Cache> impl;
-  ucm::Result r = ucm::retire_handle(*cache, &impl);
-  if (r != ucm::Result::kOk) return finish_call(nullptr, r);
-  *cache = nullptr;
-  r = impl->finalize();
-  return finish_call(nullptr, r);
+  if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kNullPointer, "cache (the handle's address) is NULL"));
+  return finish_call(nullptr, guarded("ucm_cache_finalize", [&] {
+    ucm::Retired gone;
+    UCM_CHECK(ucm::retire_handle(*cache, [](ucm::Cache* c) { c->stop_tasks(); }, &gone));
+    *cache = nullptr;
+    if (gone.cache) return gone.cache->finalize();
+    // Calls on other threads still use the cache: keep it as it is, but meet
+    // the peers, who must not wait for this rank.
+    const uint32_t timeout_ms = gone.still_used->config().timeout_ms;
+    UCM_CHECK(gone.still_used->barrier());
+    return ucm::fail(ucm::Result::kTimeout,
+                     "%u call(s) on other threads were still running %u ms (timeout_ms) after finalize began: the "
+                     "handle is finalized, but the cache's memory and threads are left in place, not freed under them",
+                     gone.calls, timeout_ms);
+  }));
 }
 
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return finish_call(nullptr, r);
-  if (!info) return finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "info is NULL"));
-  if (info->struct_bytes != sizeof(ucm_cache_info_t))
-    return finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "info->struct_bytes %u != %zu: set it to sizeof(ucm_cache_info_t)",
-                               info->struct_bytes, sizeof(ucm_cache_info_t)));
-  c->info(info);
-  return UCM_OK;
+  return ucm::cache_call(cache, "ucm_cache_info", [&](ucm::Cache& c) {
+    if (!info) return ucm::fail(ucm::Result::kNullPointer, "info is NULL");
+    if (info->struct_bytes != sizeof(ucm_cache_info_t))
+      return ucm::fail(ucm::Result::kInvalidArg, "info->struct_bytes %u != %zu: set it to sizeof(ucm_cache_info_t)",
+                       info->struct_bytes, sizeof(ucm_cache_info_t));
+    c.info(info);
+    return ucm::Result::kOk;
+  });
 }
 
 UCM_API const char* ucm_last_error(ucm_cache_t cache) {
   if (!cache) return ucm::orphan_error();
-  ucm::Cache* c = nullptr;
-  if (ucm::resolve_handle(cache, &c) != ucm::Result::kOk) {
+  // The string lives in thread-local storage so that it stays valid for the caller.
+  thread_local std::string copy;
+  ucm::CacheRef ref;
+  const ucm::Result r = guarded("ucm_last_error", [&] {
+    UCM_CHECK(ref.acquire(cache));
+    copy = ref.get()->error();
+    return ucm::Result::kOk;
+  });
+  if (r != ucm::Result::kOk) {
     ucm::set_orphan_error(ucm::last_error());
     return ucm::orphan_error();
   }
-  // The string lives in thread-local storage so that it stays valid for the caller.
-  thread_local std::string copy;
-  copy = c->error();
   return copy.c_str();
 }
 

@@ -1,10 +1,13 @@
 #include "api/config.h"
 
+#include <sys/types.h>
+
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "backend/spec.h"
 #include "common/hash.h"
@@ -15,11 +18,14 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-// "4096", "64K", "2M", "1G" (powers of 1024).
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// "4096", "64K", "2M", "1G" (powers of 1024). Digits first: strtoull would
+// skip blanks and wrap a minus sign around (" -1" is 2^64-1).
 bool parse_size(const char* s, uint64_t* out) {
   errno = 0;
   char* end = nullptr;
-  if (*s == '-' || *s == '\0') return false;
+  if (!is_digit(*s)) return false;
   unsigned long long v = std::strtoull(s, &end, 10);
   if (errno || end == s) return false;
   uint64_t mul = 1;
@@ -34,9 +40,11 @@ bool parse_size(const char* s, uint64_t* out) {
   return true;
 }
 
+// An optional '-', then digits: no blanks, no '+'.
 bool parse_int(const char* s, int64_t lo, int64_t hi, int64_t* out) {
   errno = 0;
   char* end = nullptr;
+  if (!is_digit(*s == '-' ? s[1] : *s)) return false;
   long long v = std::strtoll(s, &end, 10);
   if (errno || end == s || *end != '\0' || v < lo || v > hi) return false;
   *out = v;
@@ -162,6 +170,15 @@ Result check_config(const ucm_config_t& c) {
   if (c.cache_bytes / c.shard_bytes + c.reserved_slots >= (1ull << 31))
     return fail(Result::kInvalidArg, "cache_bytes %" PRIu64 " / shard_bytes %" PRIu64 " gives too many slots",
                 c.cache_bytes, c.shard_bytes);
+  // A block's file holds shards_per_block shards at offsets s * shard_bytes:
+  // the whole block must be addressable by off_t. (The product fits in 64
+  // bits: both factors are below 2^32 here.)
+  constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
+  if (c.shard_bytes > kMaxOffset / c.shards_per_block)
+    return fail(Result::kInvalidArg,
+                "shards_per_block %u x shard_bytes %" PRIu64 " = %" PRIu64
+                " bytes per block exceeds the largest file offset (%" PRIu64 ")",
+                c.shards_per_block, c.shard_bytes, uint64_t{c.shards_per_block} * c.shard_bytes, kMaxOffset);
   if (c.max_task_entries == 0) return fail(Result::kInvalidArg, "max_task_entries is 0");
   if (c.ranks_per_node > kMaxRanks)
     return fail(Result::kInvalidArg, "ranks_per_node %u exceeds %u ranks per node", c.ranks_per_node, kMaxRanks);

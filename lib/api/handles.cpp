@@ -1,7 +1,9 @@
 #include "api/handles.h"
 
-#include <mutex>
+#include <chrono>
 #include <unordered_set>
+
+#include "common/log.h"
 
 namespace ucm {
 namespace {
@@ -17,10 +19,18 @@ std::unordered_set<ucm_cache_s*>& tombstones() {
 }
 thread_local std::string t_orphan_error;
 
+// Under g_mu: kOk for a shell in the table (live or closing), else the error.
+Result lookup_locked(ucm_cache_t h) {
+  if (live().count(h)) return Result::kOk;
+  if (tombstones().count(h)) return fail(Result::kFinalized, "cache handle %p was finalized", static_cast<void*>(h));
+  return fail(Result::kBadHandle, "%p is not a cache handle", static_cast<void*>(h));
+}
+
 }  // namespace
 
 ucm_cache_s* register_handle(std::unique_ptr<Cache> impl) {
-  auto* h = new ucm_cache_s{std::move(impl)};
+  auto* h = new ucm_cache_s;
+  h->impl = std::move(impl);
   std::lock_guard<std::mutex> g(g_mu);
   live().insert(h);
   return h;
@@ -29,36 +39,89 @@ ucm_cache_s* register_handle(std::unique_ptr<Cache> impl) {
 Result resolve_handle(ucm_cache_t h, Cache** out) {
   if (!h) return fail(Result::kBadHandle, "cache handle is NULL");
   std::lock_guard<std::mutex> g(g_mu);
-  if (live().count(h)) {
-    *out = h->impl.get();
-    return Result::kOk;
-  }
-  if (tombstones().count(h)) return fail(Result::kFinalized, "cache handle %p was finalized", static_cast<void*>(h));
-  return fail(Result::kBadHandle, "%p is not a cache handle", static_cast<void*>(h));
-}
-
-Result retire_handle(ucm_cache_t h, std::unique_ptr<Cache>* out) {
-  Cache* c = nullptr;
-  {
-    Result r = resolve_handle(h, &c);
-    if (r != Result::kOk) return r;
-  }
-  std::lock_guard<std::mutex> g(g_mu);
-  if (!live().erase(h)) return fail(Result::kFinalized, "cache handle %p was finalized", static_cast<void*>(h));
-  tombstones().insert(h);
-  *out = std::move(h->impl);
+  UCM_CHECK(lookup_locked(h));
+  if (h->closing.load()) return fail(Result::kFinalized, "cache handle %p is being finalized", static_cast<void*>(h));
+  *out = h->impl.get();
   return Result::kOk;
 }
 
-ucm_result_t finish_call(Cache* c, Result r) {
+Result CacheRef::acquire(ucm_cache_t h) {
+  release();
+  if (!h) return fail(Result::kBadHandle, "cache handle is NULL");
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    UCM_CHECK(lookup_locked(h));
+    // Count in first, then look at closing: finalize does the converse.
+    h->calls.fetch_add(1);
+    shell_ = h;
+  }
+  if (h->closing.load()) {
+    release();
+    return fail(Result::kFinalized, "cache handle %p is being finalized", static_cast<void*>(h));
+  }
+  cache_ = h->impl.get();
+  return Result::kOk;
+}
+
+void CacheRef::release() {
+  ucm_cache_s* h = shell_;
+  if (!h) return;
+  shell_ = nullptr;
+  cache_ = nullptr;
+  if (h->calls.fetch_sub(1) == 1 && h->closing.load()) {
+    std::lock_guard<std::mutex> g(h->mu);
+    h->cv.notify_all();
+  }
+}
+
+Result retire_handle(ucm_cache_t h, void (*close)(Cache*), Retired* out) {
+  if (!h) return fail(Result::kBadHandle, "cache handle is NULL");
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    UCM_CHECK(lookup_locked(h));
+    if (h->closing.exchange(true))
+      return fail(Result::kFinalized, "cache handle %p is already being finalized by another thread",
+                  static_cast<void*>(h));
+  }
+  Cache* c = h->impl.get();
+  close(c);
+  const uint32_t timeout_ms = c->config().timeout_ms;
+  bool drained;
+  {
+    std::unique_lock<std::mutex> lk(h->mu);
+    drained = h->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [h] { return h->calls.load() == 0; });
+    out->calls = h->calls.load();
+  }
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    live().erase(h);
+    tombstones().insert(h);
+  }
+  // Calls still running use the cache: it stays with the tombstone, never freed.
+  if (drained) out->cache = std::move(h->impl);
+  else out->still_used = c;
+  return Result::kOk;
+}
+
+ucm_result_t finish_call(Cache* c, Result r) noexcept {
   if (r != Result::kOk) {
-    if (c) c->set_error(last_error());
-    else set_orphan_error(last_error());
+    try {
+      if (c) c->set_error(last_error());
+      else set_orphan_error(last_error());
+    } catch (...) {
+      // No memory for the message: the result still says what failed.
+    }
   }
   return static_cast<ucm_result_t>(r);
 }
 
-void set_orphan_error(const std::string& e) { t_orphan_error = e; }
-const char* orphan_error() { return t_orphan_error.c_str(); }
+void set_orphan_error(const std::string& e) noexcept {
+  try {
+    t_orphan_error = e;
+  } catch (...) {
+    t_orphan_error.clear();
+  }
+}
+const char* orphan_error() noexcept { return t_orphan_error.c_str(); }
 
 }  // namespace ucm

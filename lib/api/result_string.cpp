@@ -29,7 +29,7 @@ UCM_API const char* ucm_result_string(ucm_result_t result) {
     case UCM_ERR_NULL_POINTER: return "UCM_ERR_NULL_POINTER: a required pointer is NULL";
     case UCM_ERR_OUT_OF_RANGE: return "UCM_ERR_OUT_OF_RANGE: a shard index is >= shards_per_block";
     case UCM_ERR_EMPTY: return "UCM_ERR_EMPTY: a task of 0 entries";
-    case UCM_ERR_TOO_LARGE: return "UCM_ERR_TOO_LARGE: a task above max_task_entries";
+    case UCM_ERR_TOO_LARGE: return "UCM_ERR_TOO_LARGE: more than max_task_entries items in one call";
     case UCM_ERR_UNKNOWN_TASK: return "UCM_ERR_UNKNOWN_TASK: not a task of this cache, or already waited for";
   }
   return "UCM_ERR_UNKNOWN: unknown result code";

@@ -1,7 +1,6 @@
 // C API: tasks, touch, lookup, stats. Every bad argument is its own result
 // with a message naming it; nothing is submitted unless every entry is good.
 #include <cinttypes>
-#include <new>
 #include <string>
 #include <unordered_map>
 
@@ -38,6 +37,8 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
     const ucm::Key k = to_key(entries[i].key);
     ucm::TaskEntry e;
     if (!take(entries[i], &e)) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
+    if (entries[i].key.reserved != 0)
+      return fail(Result::kInvalidArg, "entry %zu: key.reserved %u != 0", i, entries[i].key.reserved);
     if (k.shard >= spb) return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", k.shard, spb, i);
     auto [it, fresh] = seen.emplace(k, i);
     if (!fresh)
@@ -49,22 +50,66 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
   return Result::kOk;
 }
 
-// Both task kinds: resolve, check every entry, submit; nothing is submitted
-// unless every entry is good.
+// Both task kinds: check every entry, submit; nothing is submitted unless
+// every entry is good.
 template <typename Entry, typename Take>
-ucm_result_t submit_task(ucm_cache_t cache, const Entry* entries, size_t n, ucm_task_t* task, ucm::TaskKind kind,
-                         const char* ptr_name, Take take) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  try {
+ucm_result_t submit_task(ucm_cache_t cache, const char* where, const Entry* entries, size_t n, ucm_task_t* task,
+                         ucm::TaskKind kind, const char* ptr_name, Take take) {
+  return ucm::cache_call(cache, where, [&](ucm::Cache& c) {
     std::vector<ucm::TaskEntry> es;
-    r = check_entries(*c, entries, n, task, take, ptr_name, &es);
-    if (r != ucm::Result::kOk) return ucm::finish_call(c, r);
-    return ucm::finish_call(c, c->submit(kind, std::move(es), task));
-  } catch (const std::bad_alloc&) {
-    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory submitting a task of %zu entries", n));
+    UCM_CHECK(check_entries(c, entries, n, task, take, ptr_name, &es));
+    return c.submit(kind, std::move(es), task);
+  });
+}
+
+// ucm_touch and ucm_lookup take at most max_task_entries items, like a task:
+// checked before anything is allocated for them.
+ucm::Result check_count(const ucm::Cache& c, size_t n) {
+  const uint32_t limit = c.config().max_task_entries;
+  if (n > limit) return ucm::fail(ucm::Result::kTooLarge, "n %zu > max_task_entries %u", n, limit);
+  return ucm::Result::kOk;
+}
+
+// ucm_lookup's work, on a cache the call holds a reference on.
+ucm::Result lookup(ucm::Cache& c, const ucm_key_t* keys, size_t n, uint8_t* where) {
+  if (n == 0) return ucm::Result::kOk;
+  if (!keys) return ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n);
+  if (!where) return ucm::fail(ucm::Result::kNullPointer, "where (the output array) is NULL");
+  UCM_CHECK(check_count(c, n));
+  const uint32_t spb = c.config().shards_per_block;
+  for (size_t i = 0; i < n; ++i) {
+    if (keys[i].shard >= spb)
+      return ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard, spb, i);
+    if (keys[i].reserved != 0)
+      return ucm::fail(ucm::Result::kInvalidArg, "key %zu: key.reserved %u != 0", i, keys[i].reserved);
   }
+  // Per key: one key the store cannot answer for (an unreadable file, a
+  // directory under its name) must not hide the answers for the others.
+  size_t unknown = 0, first_unknown = 0;
+  std::string first_error;
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Key k = to_key(keys[i]);
+    if (c.buffer()->exists(k)) {
+      where[i] = UCM_WHERE_CACHE;
+      continue;
+    }
+    bool in_store = false;
+    if (c.backend()->exists(k, &in_store) != ucm::Result::kOk) {
+      where[i] = UCM_WHERE_ERROR;
+      if (unknown++ == 0) {
+        first_unknown = i;
+        first_error = ucm::last_error();
+      }
+      continue;
+    }
+    where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
+  }
+  if (unknown == 0) return ucm::Result::kOk;
+  const ucm::Key k = to_key(keys[first_unknown]);
+  return ucm::fail(ucm::Result::kBackend,
+                   "lookup: %zu of %zu keys could not be answered (UCM_WHERE_ERROR); the first is key %zu (block "
+                   "%016" PRIx64 "%016" PRIx64 " shard %u): %s",
+                   unknown, n, first_unknown, k.block.hi, k.block.lo, k.shard, first_error.c_str());
 }
 
 }  // namespace
@@ -72,103 +117,52 @@ ucm_result_t submit_task(ucm_cache_t cache, const Entry* entries, size_t n, ucm_
 extern "C" {
 
 UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task) {
-  return submit_task(cache, entries, n, task, ucm::TaskKind::kLoad, "dst",
+  return submit_task(cache, "ucm_load_task", entries, n, task, ucm::TaskKind::kLoad, "dst",
                      [](const ucm_load_entry_t& e, ucm::TaskEntry* out) { out->dst = e.dst; return e.dst != nullptr; });
 }
 
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task) {
-  return submit_task(cache, entries, n, task, ucm::TaskKind::kDump, "src",
+  return submit_task(cache, "ucm_dump_task", entries, n, task, ucm::TaskKind::kDump, "src",
                      [](const ucm_dump_entry_t& e, ucm::TaskEntry* out) { out->src = e.src; return e.src != nullptr; });
 }
 
 UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  return ucm::finish_call(c, c->wait(task, timeout_ms));
+  return ucm::cache_call(cache, "ucm_task_wait", [&](ucm::Cache& c) { return c.wait(task, timeout_ms); });
 }
 
 UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* is_done) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  if (!is_done) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "done (the output flag) is NULL"));
-  return ucm::finish_call(c, c->test(task, is_done));
+  return ucm::cache_call(cache, "ucm_task_test", [&](ucm::Cache& c) {
+    if (!is_done) return ucm::fail(ucm::Result::kNullPointer, "done (the output flag) is NULL");
+    return c.test(task, is_done);
+  });
 }
 
 UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  if (n == 0) return UCM_OK;
-  if (!blocks) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n));
-  try {
+  return ucm::cache_call(cache, "ucm_touch", [&](ucm::Cache& c) {
+    if (n == 0) return ucm::Result::kOk;
+    if (!blocks) return ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n);
+    UCM_CHECK(check_count(c, n));
     std::vector<ucm::BlockId> ids(n);
     for (size_t i = 0; i < n; ++i) ids[i] = ucm::block_from_bytes(blocks[i].bytes);
-    c->buffer()->touch(ids.data(), n);
-    return UCM_OK;
-  } catch (const std::bad_alloc&) {
-    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory touching %zu blocks", n));
-  }
+    c.buffer()->touch(ids.data(), n);
+    return ucm::Result::kOk;
+  });
 }
 
 UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  if (n == 0) return UCM_OK;
-  if (!keys) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n));
-  if (!where) return ucm::finish_call(c, ucm::fail(ucm::Result::kNullPointer, "where (the output array) is NULL"));
-  const uint32_t spb = c->config().shards_per_block;
-  for (size_t i = 0; i < n; ++i) {
-    if (keys[i].shard >= spb)
-      return ucm::finish_call(c, ucm::fail(ucm::Result::kOutOfRange, "shard %u >= shards_per_block %u in key %zu", keys[i].shard,
-                               spb, i));
-  }
-  // Per key: one key the store cannot answer for (an unreadable file, a
-  // directory under its name) must not hide the answers for the others.
-  size_t unknown = 0, first_unknown = 0;
-  std::string first_error;
-  try {
-    for (size_t i = 0; i < n; ++i) {
-      const ucm::Key k = to_key(keys[i]);
-      if (c->buffer()->exists(k)) {
-        where[i] = UCM_WHERE_CACHE;
-        continue;
-      }
-      bool in_store = false;
-      if (c->backend()->exists(k, &in_store) != ucm::Result::kOk) {
-        where[i] = UCM_WHERE_ERROR;
-        if (unknown++ == 0) {
-          first_unknown = i;
-          first_error = ucm::last_error();
-        }
-        continue;
-      }
-      where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
-    }
-  } catch (const std::bad_alloc&) {
-    return ucm::finish_call(c, ucm::fail(ucm::Result::kNoMemory, "out of memory looking up %zu keys", n));
-  }
-  if (unknown == 0) return UCM_OK;
-  const ucm::Key k = to_key(keys[first_unknown]);
-  return ucm::finish_call(c, ucm::fail(ucm::Result::kBackend,
-                                       "lookup: %zu of %zu keys could not be answered (UCM_WHERE_ERROR); the first is "
-                                       "key %zu (block %016" PRIx64 "%016" PRIx64 " shard %u): %s",
-                                       unknown, n, first_unknown, k.block.hi, k.block.lo, k.shard, first_error.c_str()));
+  return ucm::cache_call(cache, "ucm_lookup", [&](ucm::Cache& c) { return lookup(c, keys, n, where); });
 }
 
 UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node) {
-  ucm::Cache* c = nullptr;
-  ucm::Result r = ucm::resolve_handle(cache, &c);
-  if (r != ucm::Result::kOk) return ucm::finish_call(nullptr, r);
-  for (ucm_stats_t* s : {rank, node}) {
-    if (s && s->struct_bytes != sizeof(ucm_stats_t))
-      return ucm::finish_call(c, ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
-                               s->struct_bytes, sizeof(ucm_stats_t)));
-  }
-  c->stats(rank, node);
-  return UCM_OK;
+  return ucm::cache_call(cache, "ucm_cache_stats", [&](ucm::Cache& c) {
+    for (ucm_stats_t* s : {rank, node}) {
+      if (s && s->struct_bytes != sizeof(ucm_stats_t))
+        return ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
+                         s->struct_bytes, sizeof(ucm_stats_t));
+    }
+    c.stats(rank, node);
+    return ucm::Result::kOk;
+  });
 }
 
 }  // extern "C"

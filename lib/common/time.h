@@ -37,6 +37,12 @@ inline void sleep_for_ns(uint64_t ns) {
   }
 }
 
-inline uint64_t deadline_after_ms(uint64_t ms) { return ms == UINT64_MAX ? kNoDeadline : now_ns() + ms * 1000000ull; }
+// now + ms; a sum too large for the clock (ms near UINT64_MAX / 1e6, or
+// INT64_MAX passed as a timeout) saturates to kNoDeadline: no bound.
+inline uint64_t deadline_after_ms(uint64_t ms) {
+  const uint64_t now = now_ns();
+  if (ms > (kNoDeadline - now) / 1000000ull) return kNoDeadline;
+  return now + ms * 1000000ull;
+}
 
 }  // namespace ucm

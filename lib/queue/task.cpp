@@ -39,16 +39,24 @@ void Task::finish_one() {
   if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   done_ns_.store(now_ns(), std::memory_order_release);
   if (on_done_) on_done_(*this);
-  done_word_.store(1, std::memory_order_release);
+  done_word_.fetch_or(kDoneBit, std::memory_order_release);
+  futex_wake(&done_word_, kWakeAll);
+}
+
+void Task::abandon() {
+  done_word_.fetch_or(kAbandonedBit, std::memory_order_release);
   futex_wake(&done_word_, kWakeAll);
 }
 
 bool Task::wait_until(uint64_t deadline_ns) const {
-  while (!done()) {
+  for (;;) {
+    const uint32_t w = done_word_.load(std::memory_order_acquire);
+    if (w & kDoneBit) return true;
+    if (w & kAbandonedBit) return false;
     if (now_ns() >= deadline_ns) return false;
-    (void)futex_wait(&done_word_, 0, deadline_ns);
+    // On exactly the value read: a bit set since then makes this return at once.
+    (void)futex_wait(&done_word_, w, deadline_ns);
   }
-  return true;
 }
 
 Result Task::result() const {

@@ -4,7 +4,13 @@
 // handle table (until the app waits for it), the dispatcher, the copier and
 // any backend I/O in flight. Each entry finishes exactly once (ok or failed);
 // the last one publishes the result and wakes waiters on `done_word` (a futex
-// word, so ucm_task_wait blocks without polling).
+// word, so ucm_task_wait blocks without polling). Finalize abandons the tasks
+// it will not run to their end: that sets another bit of the same word and
+// wakes the waiters too, who then return without the task being done.
+//
+// done_word, bit by bit (each set once, never cleared; futex_wake after each):
+//   kDoneBit       the last finish_one()   (release; pairs with wait_until's acquire)
+//   kAbandonedBit  abandon(), at finalize  (release; pairs with wait_until's acquire)
 #pragma once
 
 #include <atomic>
@@ -41,10 +47,14 @@ class Task {
   // Records why an entry failed; the task's result is the first failure's.
   void entry_failed(uint32_t index, Result r, const std::string& why);
 
-  bool done() const { return done_word_.load(std::memory_order_acquire) != 0; }
+  bool done() const { return (done_word_.load(std::memory_order_acquire) & kDoneBit) != 0; }
+  bool abandoned() const { return (done_word_.load(std::memory_order_acquire) & kAbandonedBit) != 0; }
   uint32_t remaining() const { return remaining_.load(std::memory_order_acquire); }
-  // Blocks until done or the absolute deadline; true when done.
+  // Blocks until done, abandoned, or the absolute deadline (kNoDeadline: none);
+  // true when done.
   bool wait_until(uint64_t deadline_ns) const;
+  // Wakes every waiter for good: the task will not be run to its end.
+  void abandon();
   Result result() const;
   std::string error() const;
   uint64_t latency_ns() const { return done_ns_.load(std::memory_order_acquire) - submit_ns_; }
@@ -53,6 +63,9 @@ class Task {
 
  private:
   void finish_one();
+
+  static constexpr uint32_t kDoneBit = 1;
+  static constexpr uint32_t kAbandonedBit = 2;
 
   const uint64_t id_;
   const TaskKind kind_;

@@ -177,7 +177,7 @@ TEST_F(Boot, BadConfigValuesAreTheSameClearErrorOnEveryRank) {
     EXPECT_NE(e.find(k.needle), std::string::npos) << k.what << ": " << e;
   }
   ucm_cache_t cache = nullptr;
-  EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, nullptr, &cache), UCM_ERR_INVALID_ARG);
+  EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, nullptr, &cache), UCM_ERR_NULL_POINTER);
   EXPECT_NE(std::string(ucm_last_error(nullptr)).find("config is NULL"), std::string::npos) << ucm_last_error(nullptr);
 }
 
@@ -217,7 +217,7 @@ TEST_F(Boot, AFinalizedOrForeignHandleIsADistinctError) {
   int not_a_cache = 0;
   EXPECT_EQ(ucm_cache_info(reinterpret_cast<ucm_cache_t>(&not_a_cache), &info), UCM_ERR_BAD_HANDLE);
   EXPECT_EQ(ucm_cache_info(nullptr, &info), UCM_ERR_BAD_HANDLE);
-  EXPECT_EQ(ucm_cache_finalize(nullptr), UCM_ERR_INVALID_ARG);
+  EXPECT_EQ(ucm_cache_finalize(nullptr), UCM_ERR_NULL_POINTER);
 }
 
 long read_long(const char* path) {

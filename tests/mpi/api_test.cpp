@@ -1,0 +1,411 @@
+// The C boundary under mpirun: calls that overlap ucm_cache_finalize on other
+// threads, blocked waits that finalize wakes, timeouts too large to add to a
+// clock, sizes bounded before anything is allocated, exceptions turned into
+// results (a real thread-creation failure, from a pids cgroup), argument
+// errors that still go through the collective init, and one code per mistake.
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/posix_backend.h"
+#include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
+
+namespace ucm::test {
+namespace {
+
+using Api = MpiTest;
+
+constexpr uint64_t kHangBlock = 7;  // its shard 0 never loads (the sim store's hang fault)
+constexpr uint64_t kBoundMs = 60000;  // a hang, not slowness
+
+std::string msg(ucm_cache_t c) { return ucm_last_error(c); }
+
+bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+
+// Milliseconds since `t0` (steady clock).
+uint64_t ms_since(uint64_t t0) { return (now_ns() - t0) / 1000000; }
+
+// Polls `pred` every millisecond for at most kBoundMs; false if it never held.
+template <typename Pred>
+bool eventually(Pred pred) {
+  const uint64_t t0 = now_ns();
+  while (!pred()) {
+    if (ms_since(t0) > kBoundMs) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+// One thread that calls `call` until it fails, then keeps the failure.
+struct Hammer {
+  std::atomic<bool> started{false};
+  std::atomic<uint64_t> calls{0};
+  std::atomic<int> last{UCM_OK};
+  std::thread th;
+
+  template <typename Call>
+  void start(Call call) {
+    th = std::thread([this, call]() mutable {
+      started.store(true);
+      for (;;) {
+        const ucm_result_t r = call();
+        if (r != UCM_OK) {
+          last.store(r);
+          return;
+        }
+        calls.fetch_add(1);
+      }
+    });
+  }
+};
+
+TEST_F(Api, CallsOnOtherThreadsDuringFinalizeAreSafeAndBlockedWaitsReturnFinalized) {
+  char spec[128];
+  std::snprintf(spec, sizeof(spec), "sim:latency_us=0,hang_keys=%" PRIu64 ".0", kHangBlock);
+  ucm_config_t cfg = task_config(64, spec);
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  const ucm_cache_t h = cache;  // every thread's own copy; finalize clears `cache`
+
+  // Two waits that can only end by finalize: the task's shard never loads.
+  LoadBatch hung[2];
+  ucm_task_t hung_task[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    hung[i].add(ukey(kHangBlock, 0));
+    hung[i].add(ukey(100 + static_cast<uint64_t>(i), 1));
+    ASSERT_EQ(ucm_load_task(h, hung[i].entries.data(), hung[i].entries.size(), &hung_task[i]), UCM_OK) << msg(h);
+  }
+  std::atomic<int> waited[2] = {UCM_OK, UCM_OK};
+  std::atomic<int> waiting{0};
+  std::thread waiters[2];
+  const int64_t forever[2] = {-1, INT64_MAX};
+  for (int i = 0; i < 2; ++i) {
+    waiters[i] = std::thread([&, i] {
+      waiting.fetch_add(1);
+      waited[i].store(ucm_task_wait(h, hung_task[i], forever[i]));
+    });
+  }
+
+  std::vector<ucm_block_t> blocks;
+  for (uint64_t b = 0; b < 8; ++b) blocks.push_back(ublock(b));
+  std::vector<ucm_key_t> keys;
+  for (uint64_t b = 0; b < 8; ++b) keys.push_back(ukey(b, 2));
+
+  Hammer touch, stats, lookup, load, info, error;
+  touch.start([&] { return ucm_touch(h, blocks.data(), blocks.size()); });
+  stats.start([&] {
+    ucm_stats_t mine{}, node{};
+    mine.struct_bytes = node.struct_bytes = sizeof(ucm_stats_t);
+    return ucm_cache_stats(h, &mine, &node);
+  });
+  lookup.start([&] {
+    uint8_t where[8];
+    return ucm_lookup(h, keys.data(), keys.size(), where);
+  });
+  load.start([&, round = uint64_t{0}]() mutable {
+    LoadBatch b;
+    for (uint64_t k = 0; k < 4; ++k) b.add(ukey(1000 + (round * 4 + k) % 48, 3));
+    ++round;
+    return load_and_wait(h, b, -1);
+  });
+  info.start([&] {
+    ucm_cache_info_t in{};
+    in.struct_bytes = sizeof(in);
+    return ucm_cache_info(h, &in);
+  });
+  // ucm_last_error has no result: it reads the handle's message until that
+  // says the handle was finalized.
+  error.start([&] { return std::strstr(ucm_last_error(h), "was finalized") ? UCM_ERR_FINALIZED : UCM_OK; });
+  Hammer* const all[] = {&touch, &stats, &lookup, &load, &info, &error};
+
+  // Every thread is under way (the two waits are entered or about to be).
+  // The loads queue up behind the hung shard (the copier waits for it), so
+  // their first wait is a third that only finalize ends.
+  ASSERT_TRUE(eventually([&] {
+    for (Hammer* x : all)
+      if (x != &load && x->calls.load() == 0 && x->last.load() == UCM_OK) return false;
+    return load.started.load() && waiting.load() == 2;
+  }));
+  usleep(20000);  // lets the waits block; correct either way
+
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  for (auto& w : waiters) w.join();
+  for (Hammer* x : all) x->th.join();
+  EXPECT_LT(ms_since(t0), kBoundMs);
+
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(waited[i].load(), UCM_ERR_FINALIZED) << "wait " << i;
+  const char* names[] = {"touch", "stats", "lookup", "load", "info", "last_error"};
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(all[i]->last.load(), UCM_ERR_FINALIZED) << names[i] << " after " << all[i]->calls.load() << " calls";
+    if (all[i] != &load) {
+      EXPECT_GT(all[i]->calls.load(), 0u) << names[i];
+    }
+  }
+  // The destinations of the tasks that finalize abandoned were never written.
+  for (auto& b : hung) EXPECT_TRUE(b.untouched(0));
+  EXPECT_EQ(ucm_touch(h, blocks.data(), blocks.size()), UCM_ERR_FINALIZED);
+  EXPECT_TRUE(contains(ucm_last_error(h), "finalized")) << ucm_last_error(h);
+  int done = 0;
+  EXPECT_EQ(ucm_task_test(h, hung_task[0], &done), UCM_ERR_FINALIZED);
+}
+
+// A call held in the kernel past finalize's bound: ucm_lookup opening a FIFO
+// that stands where the posix store keeps a block (open waits for a writer).
+// Finalize still meets the peers, returns UCM_ERR_TIMEOUT naming the call, and
+// leaves the cache allocated under it; the call returns once the FIFO opens.
+TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
+  std::string dir;
+  if (world_rank() == 0) {
+    char tmpl[] = "/tmp/ucm-api-test-XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  dir = bcast_string(dir);
+  ASSERT_FALSE(dir.empty());
+  ucm_config_t cfg = task_config(64, ("posix:" + dir).c_str());
+  cfg.timeout_ms = 1000;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  const ucm_cache_t h = cache;
+  const ucm_key_t key = ukey(9, 0);
+  const std::string fifo = static_cast<PosixBackend*>(impl_of(h)->backend())->block_path(ikey(key).block);
+  if (world_rank() == 0) {
+    EXPECT_EQ(mkfifo(fifo.c_str(), 0600), 0) << fifo << ": " << std::strerror(errno);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  std::atomic<bool> returned{false};
+  std::atomic<int> looked{UCM_OK};
+  std::thread stuck([&] {
+    uint8_t where = 0;
+    looked.store(ucm_lookup(h, &key, 1, &where));
+    returned.store(true);
+  });
+  usleep(300000);
+  // If the store stops blocking on a FIFO, this test has no way left to hold a call.
+  const bool held_here = !returned.load();
+  int held_all = held_here ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &held_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+
+  const ucm_result_t fin = ucm_cache_finalize(&cache);
+  const std::string fin_msg = msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  // Now a writer: every open() waiting on the FIFO returns.
+  const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (w >= 0) close(w);
+  stuck.join();
+  EXPECT_EQ(ucm_touch(h, &key.block, 1), UCM_ERR_FINALIZED);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0)
+    nftw(dir.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8, FTW_DEPTH | FTW_PHYS);
+  if (!held_all) GTEST_SKIP() << "the posix store no longer blocks in open() on a FIFO";
+  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
+  EXPECT_TRUE(contains(fin_msg, "1 call(s) on other threads were still running 1000 ms")) << fin_msg;
+  EXPECT_TRUE(contains(fin_msg, "not freed under them")) << fin_msg;
+  // The call ran to its end on the cache it started on (the FIFO is no block file).
+  EXPECT_NE(looked.load(), UCM_ERR_FINALIZED);
+}
+
+TEST_F(Api, AWaitWithATimeoutTooLargeForTheClockHasNoBound) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=100000");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  // Each load takes 100 ms in the store, so a wait that times out at once is seen.
+  const int64_t timeouts[] = {INT64_MAX, INT64_MAX / 1000, int64_t{1} << 44, int64_t{18446744073709}};
+  uint64_t block = 1;
+  for (int64_t t : timeouts) {
+    LoadBatch b;
+    b.add(ukey(block++, static_cast<uint32_t>(world_rank()) % 8));
+    ucm_task_t task = 0;
+    ASSERT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &task), UCM_OK) << msg(cache);
+    EXPECT_EQ(ucm_task_wait(cache, task, t), UCM_OK) << "timeout_ms " << t << ": " << msg(cache);
+    EXPECT_EQ(b.verify(0), kTaskShard);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+TEST_F(Api, SizesAreBoundedBeforeAnythingIsAllocated) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ucm_block_t block = ublock(1);
+  EXPECT_EQ(ucm_touch(cache, &block, SIZE_MAX), UCM_ERR_TOO_LARGE);
+  EXPECT_TRUE(contains(msg(cache), "n 18446744073709551615 > max_task_entries 64")) << msg(cache);
+  EXPECT_EQ(ucm_touch(cache, &block, cfg.max_task_entries + 1), UCM_ERR_TOO_LARGE);
+  ucm_key_t key = ukey(1, 0);
+  uint8_t where = 0;
+  EXPECT_EQ(ucm_lookup(cache, &key, SIZE_MAX, &where), UCM_ERR_TOO_LARGE);
+  EXPECT_TRUE(contains(msg(cache), "n 18446744073709551615 > max_task_entries 64")) << msg(cache);
+  ucm_load_entry_t le{key, &where};
+  ucm_task_t task = 0;
+  EXPECT_EQ(ucm_load_task(cache, &le, SIZE_MAX, &task), UCM_ERR_TOO_LARGE);
+  // The cache is still usable.
+  EXPECT_EQ(ucm_touch(cache, &block, 1), UCM_OK) << msg(cache);
+  EXPECT_EQ(ucm_lookup(cache, &key, 1, &where), UCM_OK) << msg(cache);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+TEST_F(Api, ANonZeroReservedFieldInAKeyIsRefusedNamingTheEntry) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  LoadBatch b;
+  b.add(ukey(1, 0));
+  b.add(ukey(2, 0));
+  b.entries[1].key.reserved = 7;
+  ucm_task_t task = 0;
+  EXPECT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &task), UCM_ERR_INVALID_ARG);
+  EXPECT_TRUE(contains(msg(cache), "entry 1: key.reserved 7 != 0")) << msg(cache);
+  EXPECT_TRUE(b.untouched(0));
+
+  std::vector<uint8_t> src(kTaskShard, 1);
+  ucm_dump_entry_t d{ukey(3, 0), src.data()};
+  d.key.reserved = 0x80000000u;
+  EXPECT_EQ(ucm_dump_task(cache, &d, 1, &task), UCM_ERR_INVALID_ARG);
+  EXPECT_TRUE(contains(msg(cache), "entry 0: key.reserved 2147483648 != 0")) << msg(cache);
+
+  ucm_key_t keys[3] = {ukey(1, 0), ukey(2, 0), ukey(3, 0)};
+  keys[2].reserved = 1;
+  uint8_t where[3] = {};
+  EXPECT_EQ(ucm_lookup(cache, keys, 3, where), UCM_ERR_INVALID_ARG);
+  EXPECT_TRUE(contains(msg(cache), "key 2: key.reserved 1 != 0")) << msg(cache);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+TEST_F(Api, ANullRequiredPointerIsNullPointerEverywhere) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  EXPECT_EQ(ucm_config_init(nullptr), UCM_ERR_NULL_POINTER);
+  EXPECT_TRUE(contains(ucm_config_error(), "config is NULL")) << ucm_config_error();
+  EXPECT_EQ(ucm_config_check(nullptr), UCM_ERR_NULL_POINTER);
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(ucm_cache_info(cache, nullptr), UCM_ERR_NULL_POINTER);
+  EXPECT_TRUE(contains(msg(cache), "info is NULL")) << msg(cache);
+  int* no_flag = nullptr;
+  EXPECT_EQ(ucm_task_test(cache, 1, no_flag), UCM_ERR_NULL_POINTER);
+  EXPECT_EQ(ucm_cache_finalize(nullptr), UCM_ERR_NULL_POINTER);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// The rank that passes NULL still joins init's collective steps, so its peers
+// fail with its error instead of waiting for it.
+TEST_F(Api, ANullOutputOnOneRankFailsInitOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int bad = world_size() - 1;
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  ucm_cache_t cache = nullptr;
+  const uint64_t t0 = now_ns();
+  const ucm_result_t r = ucm_cache_init(MPI_COMM_WORLD, &cfg, world_rank() == bad ? nullptr : &cache);
+  EXPECT_EQ(r, UCM_ERR_NULL_POINTER) << msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  const std::string e = msg(nullptr);
+  EXPECT_TRUE(contains(e, "cache (the output handle) is NULL")) << e;
+  if (world_rank() != bad) {
+    EXPECT_TRUE(contains(e, ("rank " + std::to_string(bad)).c_str())) << e;
+  }
+  EXPECT_LT(ms_since(t0), kBoundMs);
+
+  // So does a NULL config.
+  const ucm_result_t r2 = ucm_cache_init(MPI_COMM_WORLD, world_rank() == bad ? nullptr : &cfg, &cache);
+  EXPECT_EQ(r2, UCM_ERR_NULL_POINTER) << msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  EXPECT_TRUE(contains(msg(nullptr), "config is NULL")) << msg(nullptr);
+
+  // Nothing was left half-built: the next init works.
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// This process in a fresh pids cgroup (v1) that admits no more tasks than it
+// has: creating a thread then fails with EAGAIN, as under a pids limit. The
+// destructor puts the process back and removes the cgroup.
+class PidsLimit {
+ public:
+  bool enter(std::string* why) {
+    std::ifstream f("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(f, line)) {
+      const size_t p = line.find(":pids:");
+      if (p != std::string::npos) home_ = kRoot + line.substr(p + 6);
+    }
+    if (home_.empty()) return *why = "no pids cgroup (v1) for this process", false;
+    dir_ = home_ + "/ucm-api-test-" + std::to_string(getpid());
+    if (mkdir(dir_.c_str(), 0755) != 0) {
+      *why = "cannot create " + dir_ + ": " + std::strerror(errno);
+      dir_.clear();
+      return false;
+    }
+    if (!write(dir_ + "/cgroup.procs", std::to_string(getpid()))) return *why = "cannot join " + dir_, false;
+    moved_ = true;
+    std::ifstream cur(dir_ + "/pids.current");
+    long n = 0;
+    cur >> n;
+    if (n <= 0 || !write(dir_ + "/pids.max", std::to_string(n))) return *why = "cannot limit " + dir_, false;
+    return true;
+  }
+  ~PidsLimit() {
+    if (dir_.empty()) return;
+    (void)write(dir_ + "/pids.max", "max");
+    if (moved_) (void)write(home_ + "/cgroup.procs", std::to_string(getpid()));
+    rmdir(dir_.c_str());
+  }
+
+ private:
+  static bool write(const std::string& path, const std::string& v) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return false;
+    const bool wrote = std::fputs(v.c_str(), f) >= 0;
+    return std::fclose(f) == 0 && wrote;
+  }
+  static constexpr const char* kRoot = "/sys/fs/cgroup/pids";
+  std::string home_, dir_;
+  bool moved_ = false;
+};
+
+TEST_F(Api, AThreadThatCannotBeCreatedOnOneRankIsASystemErrorOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int bad = world_size() - 1;
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0,workers=2");
+  std::string why;
+  PidsLimit limit;
+  int can = 1;
+  if (world_rank() == bad) can = limit.enter(&why) ? 1 : 0;
+  MPI_Bcast(&can, 1, MPI_INT, bad, MPI_COMM_WORLD);
+  if (!can) {
+    if (world_rank() == bad) GTEST_SKIP() << why;
+    GTEST_SKIP() << "rank " << bad << " cannot set a pids limit";
+  }
+  ucm_cache_t cache = nullptr;
+  const ucm_result_t r = ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache);
+  EXPECT_EQ(r, UCM_ERR_SYSTEM) << msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  const std::string e = msg(nullptr);
+  EXPECT_TRUE(contains(e, "thread")) << e;
+  EXPECT_TRUE(contains(e, "Resource temporarily unavailable")) << e;
+  if (world_rank() != bad) {
+    EXPECT_TRUE(contains(e, ("rank " + std::to_string(bad)).c_str())) << e;
+  }
+}
+
+}  // namespace
+}  // namespace ucm::test
