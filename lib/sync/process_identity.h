@@ -16,6 +16,9 @@ struct ProcessIdentity {
 // The calling process.
 ProcessIdentity self_identity();
 
+// The process that has `pid` now (start_ticks 0 if there is none).
+ProcessIdentity identity_of(int32_t pid);
+
 // True while the named process exists and is not a zombie. A pid that now
 // belongs to another process (different start time) is dead.
 bool is_alive(const ProcessIdentity& id);
