@@ -4,15 +4,16 @@
 #   ./run.sh main   install packages, build `build/`, run the main job: ucm_demo
 #                   with 4 ranks on the embedded default store (extra arguments
 #                   go to ucm_demo)
-#   ./run.sh test   install packages, then three builds and their tests:
-#                   build-ci (--werror, every suite), build-tsan (ThreadSanitizer,
-#                   without MPI, hwloc or CUDA: suites unit and mp), build-asan
-#                   (AddressSanitizer + UBSan, suites unit and mp)
+#   ./run.sh test   install packages, then four builds and their tests:
+#                   build-ci (--werror, every suite), build-core (--werror,
+#                   without MPI, hwloc or CUDA: suites unit and mp), build-tsan
+#                   (ThreadSanitizer, with MPI: suites unit, mp and mpi),
+#                   build-asan (AddressSanitizer + UBSan: suites unit, mp, mpi)
 #
 # Packages come from Debian with apt-get (skipped when dpkg-query finds them all).
 # Environment knobs, none needed:
 #   UCM_BUILD_PREFIX  build directory name prefix (default `build`: build, build-ci,
-#                     build-tsan, build-asan)
+#                     build-core, build-tsan, build-asan)
 #   UCM_JOBS          parallel compile jobs and test processes (default: nproc;
 #                     CI is a 2-core machine)
 set -euo pipefail
@@ -34,7 +35,7 @@ die() { printf 'run.sh: error: %s\n' "$*" >&2; exit 1; }
 usage() {
   cat >&2 <<'EOF'
 usage: ./run.sh main   build (build/) and run the main job
-       ./run.sh test   build build-ci, build-tsan, build-asan and run their tests
+       ./run.sh test   build build-ci, build-core, build-tsan, build-asan and run their tests
 EOF
   exit 2
 }
@@ -153,26 +154,39 @@ test_job() {
   # Sanitizer builds check the CPU code: CUDA/NCCL code cannot run without a GPU,
   # and nvcc does not take -fsanitize. build-ci compiles it with --werror.
   local san_common="-Dcuda=disabled -Dnccl=disabled"
+
+  # The proof that the cache core builds (without a warning) and passes its
+  # tests with none of MPI, hwloc or CUDA (DESIGN.md section 3). Unoptimized:
+  # it is the cheapest build, and the optimized code is tested in the others.
+  stage core "$PREFIX-core" "--werror -Dbuildtype=debug $san_common -Dmpi=disabled -Dhwloc=disabled" \
+    "--suite unit --suite mp"
+
+  # ThreadSanitizer over everything the CPU runs, with MPI: the core's shared
+  # structures in unit and mp, and under mpirun the api layer's threads (the
+  # dispatcher, copier, store workers and application threads calling the C
+  # API at once, then finalize). Open MPI is not instrumented; TSan still
+  # intercepts its pthread and memory calls, and needs no suppression with
+  # the ob1/vader transports the mpi suite uses.
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
   mkdir -p "$PREFIX-tsan"
   probe_tsan "$PREFIX-tsan"
-  # The TSan build is also the proof that the cache core builds and passes its
-  # tests with none of MPI, hwloc or CUDA.
-  stage tsan "$PREFIX-tsan" "-Db_sanitize=thread $san_common -Dmpi=disabled -Dhwloc=disabled" \
-    "--suite unit --suite mp --timeout-multiplier 2" "${tsan_runner[@]}"
+  stage tsan "$PREFIX-tsan" "-Db_sanitize=thread $san_common" \
+    "--suite unit --suite mp --suite mpi --timeout-multiplier 2" "${tsan_runner[@]}"
 
   export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
   # GCC links libasan/libubsan into libucmcache.so itself, so b_lundef
-  # (-Wl,--no-undefined) can stay on.
+  # (-Wl,--no-undefined) can stay on. The mpi suite's ranks run under ASan
+  # too (Open MPI's own leaks are suppressed by tests/lsan.supp, which the
+  # mpi tests' environment names).
   stage asan "$PREFIX-asan" "-Db_sanitize=address,undefined $san_common" \
-    "--suite unit --suite mp --timeout-multiplier 2"
+    "--suite unit --suite mp --suite mpi --timeout-multiplier 2"
 
   say "summary ($((SECONDS - start)) s)"
   if ((${#failures[@]})); then
     printf '  FAILED %s\n' "${failures[@]}"
   fi
-  # One plain closing line over all three builds (meson's own counts, per test).
+  # One plain closing line over all four builds (meson's own counts, per test).
   echo "run.sh: $total_ok passed, $total_fail failed, $total_skip skipped"
   ((${#failures[@]} == 0))
 }

@@ -153,7 +153,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
 
   if (node_.local_rank == 0) {
     std::vector<PeerExpectation> peers;
-    for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_pids[i]});
+    for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_ids[i]});
     std::vector<int> data_fds;
     for (size_t s = 0; s < data_.segment_count(); ++s) data_fds.push_back(data_.segment_fd(s));
     r = server.serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline, store_state_.fd());
@@ -163,7 +163,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
   } else {
     PlaneDescriptor desc{};
     std::vector<int> fds;
-    r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_pids[0], deadline, &desc,
+    r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline, &desc,
                      &fds);
     if (ok(r)) r = BufferCtrl::attach(fds[0], &cp, &ctrl_);
     if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdarg>
 #include <cstddef>
 #include <cstring>
 #include <random>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr uint64_t kPollSliceNs = 50'000'000;
 constexpr uint64_t kHelloBoundNs = 2'000'000'000;
+constexpr uint64_t kRefusalSummaryNs = 1'000'000'000;
 
 sockaddr_un make_addr(uint64_t nonce, socklen_t* len) {
   sockaddr_un a{};
@@ -83,6 +85,34 @@ Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor*
   return Result::kOk;
 }
 
+// Who serves the socket: for a connected Unix socket, SO_PEERCRED holds the
+// credentials of the process that called listen(). It must be local rank 0
+// itself (pid and start time), running as our own effective uid.
+Result check_server(int s, uint64_t nonce, const ProcessIdentity& server) {
+  ucred cred{};
+  socklen_t cl = sizeof(cred);
+  UCM_SYSCHECK(getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl), "getsockopt(SO_PEERCRED) on the boot socket");
+  const std::string name = boot_socket_name(nonce);
+  const uid_t euid = geteuid();
+  if (cred.pid != server.pid)
+    return fail(Result::kSystem,
+                "the boot socket @%s is served by pid %d (uid %u), not by local rank 0 (pid %d): refused, "
+                "nothing taken from it",
+                name.c_str(), cred.pid, cred.uid, server.pid);
+  const uint64_t ticks = read_start_ticks(cred.pid, nullptr);
+  if (ticks != server.start_ticks)
+    return fail(Result::kSystem,
+                "the boot socket @%s is served by pid %d started at tick %" PRIu64
+                ", but local rank 0 with that pid started at tick %" PRIu64 ": refused, nothing taken from it",
+                name.c_str(), cred.pid, ticks, server.start_ticks);
+  if (cred.uid != euid)
+    return fail(Result::kSystem,
+                "the boot socket @%s is served by local rank 0's pid %d but as uid %u, not our uid %u: refused, "
+                "nothing taken from it",
+                name.c_str(), cred.pid, cred.uid, euid);
+  return Result::kOk;
+}
+
 }  // namespace
 
 std::string boot_socket_name(uint64_t nonce) {
@@ -122,11 +152,15 @@ Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDes
   size_t remaining = peers.size();
   while (remaining > 0) {
     const uint64_t now = now_ns();
+    summarize_refusals(false);
     for (size_t i = 0; i < peers.size(); ++i)
-      if (!served[i] && !pid_running(peers[i].pid))
+      if (!served[i] && !is_alive(peers[i].id)) {
+        summarize_refusals(true);
         return fail(Result::kPeerDead, "local rank %u (pid %d) exited before it took the shared cache",
-                    peers[i].local_rank, peers[i].pid);
+                    peers[i].local_rank, peers[i].id.pid);
+      }
     if (now >= deadline_ns) {
+      summarize_refusals(true);
       std::string missing;
       for (size_t i = 0; i < peers.size(); ++i)
         if (!served[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i].local_rank);
@@ -139,10 +173,38 @@ Result FdServer::serve(const std::vector<PeerExpectation>& peers, const PlaneDes
     const size_t before = std::count(served.begin(), served.end(), true);
     Result r = serve_one(conn, peers, &served, desc, ctrl_fd, data_fds, deadline_ns, store_fd);
     close(conn);
+    if (!ok(r)) summarize_refusals(true);
     UCM_CHECK(r);
     remaining -= static_cast<size_t>(std::count(served.begin(), served.end(), true)) - before;
   }
+  summarize_refusals(true);
   return Result::kOk;
+}
+
+void FdServer::refuse(const char* fmt, ...) {
+  ++refused_;
+  if (refused_ > kRefusalLinesInFull) {
+    ++unlogged_;
+    summarize_refusals(false);
+    return;
+  }
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  UCM_WARN("boot socket: %s%s", line,
+           refused_ == kRefusalLinesInFull ? " (further refusals are summarized, one line a second)" : "");
+  last_summary_ns_ = now_ns();
+}
+
+void FdServer::summarize_refusals(bool final) {
+  if (unlogged_ == 0) return;
+  const uint64_t now = now_ns();
+  if (!final && now - last_summary_ns_ < kRefusalSummaryNs) return;
+  UCM_WARN("boot socket: refused %u more connections (%u in all so far)", unlogged_, refused_);
+  unlogged_ = 0;
+  last_summary_ns_ = now;
 }
 
 Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
@@ -153,17 +215,24 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) return Result::kOk;
   size_t idx = peers.size();
   for (size_t i = 0; i < peers.size(); ++i)
-    if (peers[i].pid == cred.pid && !(*served)[i]) idx = i;
+    if (peers[i].id.pid == cred.pid && !(*served)[i]) idx = i;
   if (idx == peers.size()) {
-    ++refused_;
-    UCM_WARN("boot socket: refused a connection from pid %d, which is no waiting rank of this node", cred.pid);
+    refuse("refused a connection from pid %d (uid %u), which is no waiting rank of this node", cred.pid, cred.uid);
+    return Result::kOk;
+  }
+  // The same pid, but is it the same process? A rank that died may have left
+  // its pid to another.
+  const uint64_t ticks = read_start_ticks(cred.pid, nullptr);
+  if (ticks != peers[idx].id.start_ticks) {
+    refuse("refused a connection from pid %d: local rank %u had that pid but started at tick %" PRIu64
+           ", this process at tick %" PRIu64,
+           cred.pid, peers[idx].local_rank, peers[idx].id.start_ticks, ticks);
     return Result::kOk;
   }
   // The Hello: one message, exactly a header and a WireHello.
   uint8_t buf[sizeof(WireHeader) + sizeof(WireHello) + 16];
   if (poll_in(conn, std::min(deadline_ns, now_ns() + kHelloBoundNs)) <= 0) {
-    ++refused_;
-    UCM_WARN("boot socket: pid %d connected but sent no hello in time", cred.pid);
+    refuse("pid %d connected but sent no hello in time; refused", cred.pid);
     return Result::kOk;
   }
   msghdr m{};
@@ -179,8 +248,10 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   }
   if (!header_ok(h, nonce_, WireKind::kHello) || h.payload_bytes != sizeof(hello) || h.nfds != 0 ||
       hello.local_rank != peers[idx].local_rank || hello.pid != cred.pid) {
-    ++refused_;
-    UCM_WARN("boot socket: pid %d sent a malformed hello (%zd bytes); refused", cred.pid, n);
+    if (n == 0)
+      refuse("pid %d hung up without a hello; refused", cred.pid);
+    else
+      refuse("pid %d sent a malformed hello (%zd bytes); refused", cred.pid, n);
     return Result::kOk;
   }
   std::vector<int> fds{ctrl_fd};
@@ -200,9 +271,10 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   return Result::kOk;
 }
 
-Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t server_pid, uint64_t deadline_ns,
-                    PlaneDescriptor* desc, std::vector<int>* fds) {
+Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
+                    uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds) {
   fds->clear();
+  const pid_t server_pid = server.pid;
   socklen_t len;
   const sockaddr_un a = make_addr(nonce, &len);
   int s = -1;
@@ -214,7 +286,7 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t s
     s = -1;
     if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR)
       return fail(Result::kSystem, "connecting to local rank 0's boot socket: %s", strerror(e));
-    if (!pid_running(server_pid))
+    if (!is_alive(server))
       return fail(Result::kPeerDead, "local rank 0 (pid %d) died during init, before handing out the cache", server_pid);
     if (now_ns() >= deadline_ns)
       return fail(Result::kTimeout, "local rank 0 (pid %d) did not open its boot socket by the deadline", server_pid);
@@ -224,6 +296,7 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t s
     int fd;
     ~Closer() { close(fd); }
   } closer{s};
+  UCM_CHECK(check_server(s, nonce, server));
 
   uint8_t hello_buf[sizeof(WireHeader) + sizeof(WireHello)];
   const WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kHello),
@@ -242,7 +315,7 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t s
     for (;;) {
       const int pr = poll_in(s, std::min(deadline_ns, now_ns() + kPollSliceNs));
       if (pr > 0) break;
-      if (!pid_running(server_pid)) {
+      if (!is_alive(server)) {
         close_all(fds);
         return fail(Result::kPeerDead, "local rank 0 (pid %d) died while handing out the cache", server_pid);
       }

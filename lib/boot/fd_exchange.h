@@ -4,12 +4,24 @@
 // (nothing in any file system; the name dies with the socket) and broadcasts
 // the nonce over MPI. Each peer connects and sends a Hello (its local rank,
 // its pid, whether it wants the data plane). Rank 0 accepts only a peer whose
-// SO_PEERCRED pid is the pid that local rank announced over MPI, and only once
-// per rank; anything else (another process, garbage, a wrong nonce, a second
-// connection) is closed without a byte. It then sends the plane descriptor and
-// the fds with SCM_RIGHTS, in as many Grant messages as the fd count needs:
-// the control fd, the data segments (if the peer wants them), and last the
-// store's node-shared state (backend/node_state.h) when the store has one.
+// SO_PEERCRED pid is the pid that local rank announced over MPI, running since
+// the start time it announced with it (so a recycled pid is no rank), and only
+// once per rank; anything else (another process, garbage, a wrong nonce, a
+// second connection) is closed without a byte. It then sends the plane
+// descriptor and the fds with SCM_RIGHTS, in as many Grant messages as the fd
+// count needs: the control fd, the data segments (if the peer wants them), and
+// last the store's node-shared state (backend/node_state.h) when the store has
+// one.
+//
+// The name is no secret: every local user sees it in /proc/net/unix, and once
+// rank 0 has closed its socket anyone can bind it. So a peer, before it sends
+// a byte, checks who serves it: the server's SO_PEERCRED pid must be local
+// rank 0's, with rank 0's start time, and its uid the peer's own euid.
+// Anything else is refused; no fd from it is ever received.
+//
+// Refused connections are counted; the first few are logged one line each,
+// the rest as one summary line per second at most, so a connect flood cannot
+// flood the log.
 //
 // Every message starts with a fixed WireHeader (magic, version, header size,
 // nonce, kind, payload size, fd count); a short read, a truncated control
@@ -27,6 +39,7 @@
 #include "common/result.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
+#include "sync/process_identity.h"
 
 namespace ucm {
 
@@ -76,8 +89,11 @@ static_assert(sizeof(PlaneDescriptor) == 64);
 
 struct PeerExpectation {
   uint32_t local_rank;
-  pid_t pid;
+  ProcessIdentity id;  // pid and start time, exchanged over MPI
 };
+
+// Refused connections logged one line each; past these, one summary a second.
+constexpr uint32_t kRefusalLinesInFull = 5;
 
 std::string boot_socket_name(uint64_t nonce);
 uint64_t random_nonce();
@@ -103,16 +119,23 @@ class FdServer {
   Result serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
                    const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds, uint64_t deadline_ns,
                    int store_fd);
+  // Counts a refusal; logs it in full, or folds it into the next summary line.
+  void refuse(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  // Logs the refusals not yet logged (at most once a second unless `final`).
+  void summarize_refusals(bool final);
   int fd_ = -1;
   uint64_t nonce_ = 0;
   uint32_t refused_ = 0;
+  uint32_t unlogged_ = 0;         // refusals since the last line about them
+  uint64_t last_summary_ns_ = 0;
 };
 
-// Connects to local rank 0 (pid `server_pid`) and receives the planes.
+// Connects to local rank 0 (`server`: its pid and start time) and receives
+// the planes, after checking that `server` is who serves the socket.
 // `fds` receives the control fd first, then the data segment fds, then the
 // store's state fd when desc->store_fds says there is one (all owned by the
 // caller).
-[[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, pid_t server_pid,
+[[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
                                   uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds);
 
 PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& data_params, const BufferData& data);

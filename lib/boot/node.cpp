@@ -79,10 +79,15 @@ Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out)
   n.node_id = my_id;
   UCM_MPI(MPI_Allreduce(&leader, &n.node_count, 1, MPI_INT, MPI_SUM, n.comm));
 
-  const int32_t pid = static_cast<int32_t>(getpid());
-  std::vector<int32_t> pids(n.local_size);
-  UCM_MPI(MPI_Allgather(&pid, 1, MPI_INT32_T, pids.data(), 1, MPI_INT32_T, n.node));
-  n.local_pids.assign(pids.begin(), pids.end());
+  const ProcessIdentity self = self_identity();
+  n.local_ids.resize(n.local_size);
+  UCM_MPI(MPI_Allgather(&self, sizeof(self), MPI_BYTE, n.local_ids.data(), sizeof(self), MPI_BYTE, n.node));
+  for (const ProcessIdentity& id : n.local_ids) n.local_pids.push_back(id.pid);
+  // Every rank sees the same list, so this fails on all of them or none.
+  for (int r = 0; r < n.local_size; ++r)
+    if (n.local_ids[r].start_ticks == 0)
+      return fail(Result::kSystem, "local rank %d (pid %d) could not read its start time from /proc/self/stat", r,
+                  n.local_ids[r].pid);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   n.host = host;

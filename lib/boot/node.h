@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "sync/process_identity.h"
 #include "ucmcache/ucm.h"
 
 namespace ucm {
@@ -27,11 +28,13 @@ struct NodeContext {
   int node_id = 0;                // 0..node_count-1, by the lowest rank of each node
   int node_count = 0;
   std::vector<pid_t> local_pids;  // by local rank
+  std::vector<ProcessIdentity> local_ids;  // by local rank: pid and start time
   std::string host;
 };
 
 // Splits `comm` into nodes (MPI_COMM_TYPE_SHARED, then pretend nodes of
-// ranks_per_node ranks when that is > 0) and gathers the node's pids.
+// ranks_per_node ranks when that is > 0) and gathers the node's pids with
+// their start times (so a pid taken over by another process is no rank).
 [[nodiscard]] Result node_setup(MPI_Comm comm, uint32_t ranks_per_node, NodeContext* out);
 void node_teardown(NodeContext* n);
 

@@ -113,6 +113,13 @@ ProcessIdentity self_identity() {
   return id;
 }
 
+ProcessIdentity identity_of(int32_t pid) {
+  ProcessIdentity id;
+  id.pid = pid;
+  id.start_ticks = pid > 0 ? read_start_ticks(pid, nullptr) : 0;
+  return id;
+}
+
 bool is_alive(const ProcessIdentity& id) {
   if (id.pid <= 0) return false;
   uint64_t ticks = 0;

@@ -18,6 +18,9 @@ struct ProcessIdentity {
 // later one with its pid, so it must not put this identity in a shared record.
 ProcessIdentity self_identity();
 
+// The process that has `pid` now (start_ticks 0 if there is none).
+ProcessIdentity identity_of(int32_t pid);
+
 // True while some thread of the named process runs (a process whose main
 // thread exited while others run shows 'Z' for its pid, and is alive). A pid
 // that now belongs to another process (different start time) is dead. Where

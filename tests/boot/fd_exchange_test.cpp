@@ -1,6 +1,8 @@
 // The boot socket with real processes: who gets the fds, who gets nothing,
 // and what a peer sees when local rank 0 dies or lies.
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -13,6 +15,7 @@
 
 #include "boot/fd_exchange.h"
 #include "common/test_util.h"
+#include "sync/process_identity.h"
 
 namespace ucm::test {
 namespace {
@@ -32,6 +35,11 @@ void make_planes(Planes* p, uint32_t slots, uint64_t segment_bytes) {
   ASSERT_EQ(BufferData::create(p->dp, &p->data), Result::kOk) << last_error();
 }
 
+// What rank 0 expects of a peer, and what a peer expects of rank 0: the
+// process's pid and start time, as node_setup exchanges them over MPI.
+PeerExpectation peer_of(uint32_t rank, pid_t pid) { return {rank, identity_of(pid)}; }
+ProcessIdentity rank0(pid_t pid) { return identity_of(pid); }
+
 std::vector<int> data_fds(const Planes& p) {
   std::vector<int> fds;
   for (size_t s = 0; s < p.data.segment_count(); ++s) fds.push_back(p.data.segment_fd(s));
@@ -42,7 +50,7 @@ std::vector<int> data_fds(const Planes& p) {
 int run_peer(uint64_t nonce, uint32_t rank, pid_t server, const Planes& p) {
   PlaneDescriptor d{};
   std::vector<int> fds;
-  if (fetch_planes(nonce, rank, true, server, deadline_after_ms(10000), &d, &fds) != Result::kOk) {
+  if (fetch_planes(nonce, rank, true, rank0(server), deadline_after_ms(10000), &d, &fds) != Result::kOk) {
     std::fprintf(stderr, "peer %u: %s\n", rank, last_error().c_str());
     return 10;
   }
@@ -108,7 +116,7 @@ TEST(BootSocket, PeersGetTheFdsAndShareThePlanes) {
   for (uint32_t r = 1; r <= 3; ++r) {
     pid_t k = fork_child([&] { return run_peer(nonce, r, getppid(), p); });
     kids.push_back(k);
-    peers.push_back({r, k});
+    peers.push_back(peer_of(r, k));
   }
   ASSERT_EQ(server.serve(peers, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p), deadline_after_ms(10000)),
             Result::kOk)
@@ -130,7 +138,7 @@ TEST(BootSocket, ManySegmentsTravelInSeveralMessages) {
   FdServer server;
   ASSERT_EQ(server.listen_on(nonce), Result::kOk);
   pid_t k = fork_child([&] { return run_peer(nonce, 1, getppid(), p); });
-  ASSERT_EQ(server.serve({{1, k}}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+  ASSERT_EQ(server.serve({peer_of(1, k)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
                          deadline_after_ms(10000)),
             Result::kOk)
       << last_error();
@@ -159,7 +167,7 @@ TEST(BootSocket, AForeignProcessGetsNothingAndTheRealPeerIsStillServed) {
     EXPECT_EQ(wait_child(noisy, 10000), 0) << "the garbage-sending intruder got bytes or fds";
     go->store(1);
   });
-  EXPECT_EQ(server.serve({{1, peer}}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+  EXPECT_EQ(server.serve({peer_of(1, peer)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
                          deadline_after_ms(15000)),
             Result::kOk)
       << last_error();
@@ -181,7 +189,7 @@ TEST(BootSocket, AGarbledHelloFromARealPeerIsRefusedUntilItSpeaksProperly) {
     if (run_intruder(nonce ^ 1, true, 20) != 21) return 31;  // a wrong nonce names no socket at all
     return run_peer(nonce, 1, getppid(), p);
   });
-  EXPECT_EQ(server.serve({{1, peer}}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+  EXPECT_EQ(server.serve({peer_of(1, peer)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
                          deadline_after_ms(30000)),
             Result::kOk)
       << last_error();
@@ -196,11 +204,12 @@ TEST(BootSocket, PeersOfADeadRankZeroFailClearlyWithinTheBound) {
     pause();
     return 0;
   });
+  const ProcessIdentity rank0_id = identity_of(rank0);
   pid_t peer = fork_child([&] {
     PlaneDescriptor d{};
     std::vector<int> fds;
     const uint64_t t0 = now_ns();
-    const Result r = fetch_planes(nonce, 1, true, rank0, deadline_after_ms(20000), &d, &fds);
+    const Result r = fetch_planes(nonce, 1, true, rank0_id, deadline_after_ms(20000), &d, &fds);
     const uint64_t took_ms = (now_ns() - t0) / 1000000;
     std::fprintf(stderr, "peer saw: %s (%llu ms)\n", last_error().c_str(), static_cast<unsigned long long>(took_ms));
     if (r != Result::kPeerDead) return 40;
@@ -221,7 +230,7 @@ TEST(BootSocket, RankZeroNamesAPeerThatDiedBeforeConnecting) {
   ASSERT_EQ(server.listen_on(nonce), Result::kOk);
   pid_t dead = fork_child([] { return 0; });
   wait_child(dead, 5000);
-  EXPECT_EQ(server.serve({{2, dead}}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+  EXPECT_EQ(server.serve({peer_of(2, dead)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
                          deadline_after_ms(10000)),
             Result::kPeerDead);
   EXPECT_NE(last_error().find("local rank 2"), std::string::npos) << last_error();
@@ -230,7 +239,7 @@ TEST(BootSocket, RankZeroNamesAPeerThatDiedBeforeConnecting) {
 TEST(BootSocket, AServerThatNeverListensIsATimeoutNamingIt) {
   PlaneDescriptor d{};
   std::vector<int> fds;
-  EXPECT_EQ(fetch_planes(random_nonce(), 1, true, getpid(), deadline_after_ms(100), &d, &fds), Result::kTimeout);
+  EXPECT_EQ(fetch_planes(random_nonce(), 1, true, rank0(getpid()), deadline_after_ms(100), &d, &fds), Result::kTimeout);
   EXPECT_NE(last_error().find("did not open its boot socket"), std::string::npos) << last_error();
 }
 
@@ -255,7 +264,7 @@ Result fetch_from_liar(const std::function<void(int conn, uint64_t nonce)>& repl
   });
   PlaneDescriptor d{};
   std::vector<int> fds;
-  const Result r = fetch_planes(nonce, 1, true, getpid(), deadline_after_ms(5000), &d, &fds);
+  const Result r = fetch_planes(nonce, 1, true, rank0(getpid()), deadline_after_ms(5000), &d, &fds);
   liar.join();
   close(s);
   EXPECT_TRUE(fds.empty()) << "no fd is kept from a bad exchange";
@@ -308,6 +317,252 @@ TEST(BootSocket, AGrantWhoseFdCountDisagreesIsCorruptAndLeaksNothing) {
               close(fd);
             }),
             Result::kCorrupt);
+}
+
+
+// ---- who serves the socket ------------------------------------------------
+
+// A word in shared memory that forked processes step-synchronize on.
+struct SharedFlag {
+  std::atomic<int>* word = nullptr;
+  SharedFlag() {
+    void* m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    word = new (m) std::atomic<int>(0);
+  }
+  ~SharedFlag() { munmap(word, 4096); }
+  void set() { word->store(1); }
+  bool wait(uint64_t timeout_ms) const {
+    const uint64_t until = now_ns() + timeout_ms * 1000000ull;
+    while (word->load() == 0)
+      if (now_ns() > until) return false;
+      else usleep(1000);
+    return true;
+  }
+};
+
+// Binds the boot socket's name (retrying while another still holds it),
+// says so, and answers the first connection with a well-formed Grant that
+// carries a memfd of its own: what an impostor who read the name in
+// /proc/net/unix would do.
+int run_impostor(uint64_t nonce, SharedFlag* ready) {
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string name = boot_socket_name(nonce);
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int tries = 0;
+  while (bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0)
+    if (++tries > 5000) return 50;
+    else usleep(1000);
+  if (listen(s, 4) != 0) return 51;
+  ready->set();
+  pollfd pf{s, POLLIN, 0};
+  if (poll(&pf, 1, 10000) != 1) return 52;
+  const int c = accept(s, nullptr, nullptr);
+  if (c < 0) return 53;
+  char hello[256];
+  pollfd pc{c, POLLIN, 0};
+  if (poll(&pc, 1, 500) == 1) (void)recv(c, hello, sizeof(hello), MSG_DONTWAIT);
+  const int memfd = memfd_create("impostor", MFD_CLOEXEC);
+  (void)!ftruncate(memfd, 4096);
+  WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kGrant),
+               sizeof(PlaneDescriptor), 1, 0};
+  PlaneDescriptor d{};
+  d.total_fds = 1;
+  uint8_t buf[sizeof(h) + sizeof(d)];
+  std::memcpy(buf, &h, sizeof(h));
+  std::memcpy(buf + sizeof(h), &d, sizeof(d));
+  iovec iov{buf, sizeof(buf)};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+  m.msg_control = cbuf;
+  m.msg_controllen = sizeof(cbuf);
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+  (void)sendmsg(c, &m, MSG_NOSIGNAL);
+  usleep(200000);
+  close(c);
+  close(s);
+  return 0;
+}
+
+// A peer of `server` that must be refused: 0 when fetch_planes failed with
+// kSystem, an error containing `why`, and no fd; else which of these broke.
+int run_refusing_peer(uint64_t nonce, uint32_t rank, const ProcessIdentity& server, const SharedFlag& go,
+                      const char* why) {
+  if (!go.wait(10000)) return 60;
+  PlaneDescriptor d{};
+  std::vector<int> fds;
+  const Result r = fetch_planes(nonce, rank, true, server, deadline_after_ms(5000), &d, &fds);
+  std::fprintf(stderr, "peer %u saw: %s\n", rank, r == Result::kOk ? "no error" : last_error().c_str());
+  if (r == Result::kOk) return 61;  // it took the impostor's planes
+  if (!fds.empty()) return 62;
+  if (r != Result::kSystem) return 63;
+  return last_error().find(why) != std::string::npos ? 0 : 64;
+}
+
+TEST(BootSocket, ALatePeerRefusesAnImpostorThatTookTheNameAfterRankZeroClosedIt) {
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  static_cast<uint8_t*>(p.data.at(15))[0] = 0xab;
+  const uint64_t nonce = random_nonce();
+  SharedFlag closed, impostor_ready;
+  pid_t impostor = fork_child([&] {
+    if (!closed.wait(10000)) return 70;
+    return run_impostor(nonce, &impostor_ready);
+  });
+  {
+    FdServer server;
+    ASSERT_EQ(server.listen_on(nonce), Result::kOk);
+    pid_t peer = fork_child([&] { return run_peer(nonce, 1, getppid(), p); });
+    EXPECT_EQ(server.serve({peer_of(1, peer)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+                           deadline_after_ms(10000)),
+              Result::kOk)
+        << last_error();
+    EXPECT_EQ(wait_child(peer, 10000), 0);
+  }  // rank 0 closed its socket: the name is free for anyone
+  closed.set();
+  const ProcessIdentity me = self_identity();
+  pid_t late = fork_child([&] { return run_refusing_peer(nonce, 2, me, impostor_ready, "not by local rank 0"); });
+  EXPECT_EQ(wait_child(late, 20000), 0) << "the late peer must refuse the impostor and take no fd from it";
+  EXPECT_EQ(wait_child(impostor, 20000), 0);
+}
+
+TEST(BootSocket, ARankZeroPidRunningAsAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch a process to uid nobody";
+  const passwd* nobody = getpwnam("nobody");
+  if (!nobody) GTEST_SKIP() << "no user nobody on this machine";
+  const uid_t uid = nobody->pw_uid;
+  const gid_t gid = nobody->pw_gid;
+  const uint64_t nonce = random_nonce();
+  SharedFlag ready;
+  // The process the peer was told is rank 0 (its pid and start time are
+  // right) serves the socket, but as another user: what setpriv
+  // --reuid=nobody --regid=nogroup --clear-groups does, done in the child.
+  pid_t server = fork_child([&] {
+    if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) return 80;
+    return run_impostor(nonce, &ready);
+  });
+  const ProcessIdentity server_id = identity_of(server);
+  pid_t peer = fork_child([&] { return run_refusing_peer(nonce, 1, server_id, ready, "as uid"); });
+  EXPECT_EQ(wait_child(peer, 20000), 0) << "a rank 0 of another uid must be refused";
+  EXPECT_EQ(wait_child(server, 20000), 0);
+}
+
+TEST(BootSocket, APeerRefusesARankZeroPidWithAnotherStartTime) {
+  // The pid is rank 0's, but the process behind it started at another time:
+  // rank 0 died and its pid went to someone else.
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  const uint64_t nonce = random_nonce();
+  FdServer server;
+  ASSERT_EQ(server.listen_on(nonce), Result::kOk);
+  SharedFlag go;
+  go.set();
+  ProcessIdentity reused = self_identity();
+  reused.start_ticks += 1;
+  pid_t peer = fork_child([&] { return run_refusing_peer(nonce, 1, reused, go, "started at tick"); });
+  // Rank 0 sees its peer connect without a hello (refused), then exit.
+  EXPECT_EQ(server.serve({peer_of(1, peer)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+                         deadline_after_ms(10000)),
+            Result::kPeerDead);
+  EXPECT_EQ(wait_child(peer, 10000), 0);
+}
+
+TEST(BootSocket, RankZeroDoesNotServeAPeerWhosePidChangedHands) {
+  // Rank 0 was told local rank 1 is (pid, start time T); the process that has
+  // that pid now started at another time. It is no rank: nothing is served.
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  const uint64_t nonce = random_nonce();
+  FdServer server;
+  ASSERT_EQ(server.listen_on(nonce), Result::kOk);
+  SharedFlag go;
+  pid_t peer = fork_child([&] {
+    go.wait(10000);
+    PlaneDescriptor d{};
+    std::vector<int> fds;
+    const Result r = fetch_planes(nonce, 1, true, rank0(getppid()), deadline_after_ms(1500), &d, &fds);
+    return r == Result::kOk ? 1 : 0;
+  });
+  PeerExpectation e = peer_of(1, peer);
+  e.id.start_ticks += 1;
+  go.set();
+  EXPECT_EQ(server.serve({e}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+                         deadline_after_ms(10000)),
+            Result::kPeerDead);
+  EXPECT_NE(last_error().find("local rank 1"), std::string::npos) << last_error();
+  server.close_socket();
+  EXPECT_EQ(wait_child(peer, 10000), 0) << "the peer got the planes";
+}
+
+// ---- a connect flood ------------------------------------------------------
+
+size_t count_lines_with(const std::string& text, const char* what) {
+  size_t n = 0, pos = 0;
+  while ((pos = text.find(what, pos)) != std::string::npos) {
+    ++n;
+    pos += std::strlen(what);
+  }
+  return n;
+}
+
+TEST(BootSocket, AConnectFloodLogsABoundedNumberOfLinesAndTheRealPeerIsServed) {
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  static_cast<uint8_t*>(p.data.at(15))[0] = 0xab;
+  const uint64_t nonce = random_nonce();
+  FdServer server;
+  ASSERT_EQ(server.listen_on(nonce), Result::kOk);
+  constexpr int kFlooders = 4, kConnections = 500;
+  // Each flooder connects and hangs up kConnections times; the real peer
+  // connects once they are all done (so every refusal is counted first).
+  std::vector<pid_t> flooders;
+  for (int f = 0; f < kFlooders; ++f)
+    flooders.push_back(fork_child([&] {
+      const std::string name = boot_socket_name(nonce);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::memcpy(a.sun_path + 1, name.data(), name.size());
+      const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+      for (int i = 0; i < kConnections; ++i) {
+        int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        if (connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) return 90;
+        close(s);
+      }
+      return 0;
+    }));
+  SharedFlag go;
+  pid_t peer = fork_child([&] {
+    go.wait(60000);
+    return run_peer(nonce, 1, getppid(), p);
+  });
+  std::thread release([&] {
+    for (pid_t f : flooders) EXPECT_EQ(wait_child(f, 60000), 0);
+    go.set();
+  });
+  testing::internal::CaptureStderr();
+  const uint64_t t0 = now_ns();
+  const Result r = server.serve({peer_of(1, peer)}, describe_planes(p.ctrl, p.dp, p.data), p.ctrl.fd(), data_fds(p),
+                                deadline_after_ms(60000));
+  const uint64_t seconds = (now_ns() - t0) / 1000000000ull;
+  const std::string log = testing::internal::GetCapturedStderr();
+  release.join();
+  EXPECT_EQ(r, Result::kOk) << last_error();
+  EXPECT_EQ(wait_child(peer, 10000), 0) << "the real peer is served after the flood";
+  const uint32_t flood = kFlooders * kConnections;
+  EXPECT_EQ(server.refused(), flood) << "every refused connection is counted";
+  // The first few in full, then at most one summary a second, and one last.
+  const size_t lines = count_lines_with(log, "boot socket:");
+  EXPECT_LE(lines, kRefusalLinesInFull + seconds + 2) << "took " << seconds << " s; the log:\n" << log.substr(0, 4000);
+  EXPECT_NE(log.find(std::to_string(flood) + " in all"), std::string::npos)
+      << "a summary line gives the total; the log:\n" << log.substr(0, 4000);
 }
 
 }  // namespace

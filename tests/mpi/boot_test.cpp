@@ -234,9 +234,27 @@ bool write_long(const char* path, long v) {
   return std::fclose(f) == 0;
 }
 
+constexpr const char* kNr = "/proc/sys/vm/nr_hugepages";
+
+// Puts nr_hugepages back (on world rank 0, which changes it) when the test
+// ends, however it ends: an ASSERT returns from the body, past any restore
+// written at its end.
+class RestoreHugepages {
+ public:
+  RestoreHugepages() : before_(world_rank() == 0 ? read_long(kNr) : -1) {}
+  ~RestoreHugepages() {
+    if (before_ >= 0 && read_long(kNr) != before_ && !write_long(kNr, before_))
+      ADD_FAILURE() << "could not restore " << kNr << " to " << before_;
+  }
+  RestoreHugepages(const RestoreHugepages&) = delete;
+  RestoreHugepages& operator=(const RestoreHugepages&) = delete;
+
+ private:
+  long before_;
+};
+
 TEST_F(Boot, StartsWithAndWithoutHugepagesAndReportsWhich) {
-  constexpr const char* kNr = "/proc/sys/vm/nr_hugepages";
-  const long before = read_long(kNr);
+  const RestoreHugepages restore;
   // Without reserved pages: auto falls back, on is a clear error everywhere.
   int no_pages = 0;
   if (world_rank() == 0) no_pages = write_long(kNr, 0) && read_long(kNr) == 0;
@@ -274,7 +292,6 @@ TEST_F(Boot, StartsWithAndWithoutHugepagesAndReportsWhich) {
     MPI_Barrier(MPI_COMM_WORLD);
     EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
   }
-  if (world_rank() == 0 && before >= 0) write_long(kNr, before);
   MPI_Barrier(MPI_COMM_WORLD);
   if (!no_pages && !have_pages) GTEST_SKIP() << "cannot change /proc/sys/vm/nr_hugepages here (not root?)";
 }
