@@ -11,6 +11,7 @@
 #include "boot/fd_exchange.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "ctrl/departure.h"
 #include "ctrl/recovery.h"
 #include "ucm_build_config.h"
 
@@ -215,14 +216,23 @@ void Cache::stop_tasks() noexcept {
   for (auto& [id, t] : tasks_) t->abandon();
 }
 
-Result Cache::barrier() {
-  // Nobody unmaps while a peer may still be mid-call on a shared structure.
-  return MPI_Barrier(node_.node) == MPI_SUCCESS ? Result::kOk : fail(Result::kSystem, "node barrier at finalize failed");
+Result Cache::depart(uint64_t deadline_ns) {
+  // The ranks of a node leave together, as the collective contract says; but
+  // a peer that died or never comes must not hold this rank: the departure
+  // is bounded and says which peer it did not see.
+  if (!ctrl_.valid()) return Result::kOk;
+  DepartureReport report;
+  const Result r = depart_node(ctrl_, static_cast<uint32_t>(node_.local_rank), static_cast<uint32_t>(node_.local_size),
+                               deadline_ns, uint64_t{config_.liveness_ms} * 1'000'000, &report);
+  if (r != Result::kOk) UCM_WARN("%s", last_error().c_str());
+  return r;
 }
 
-Result Cache::finalize() {
-  const Result r = barrier();
+Result Cache::finalize(uint64_t deadline_ns) {
+  const Result r = depart(deadline_ns);
+  const std::string why = r == Result::kOk ? std::string() : last_error();
   release_local();
+  if (r != Result::kOk) return fail(r, "%s (this rank released everything it held)", why.c_str());
   return r;
 }
 

@@ -53,11 +53,15 @@ class Cache {
   // Finalize, in steps: stop_tasks() (no new task; the queue's threads stop, so
   // nothing more is written into any task's destinations; every blocked wait
   // returns kFinalized), then, once the calls in flight are out, finalize()
-  // (the node barrier, then teardown). barrier() alone, when calls are still
-  // running and the cache must stay as it is.
+  // (the node's departure, then teardown). depart() alone, when calls are
+  // still running and the cache must stay as it is. Both are bounded by the
+  // absolute deadline: the departure meets the peers through the control
+  // region (ctrl/departure.h), never in an MPI barrier that a dead or absent
+  // peer would hold forever; a dead peer is kPeerDead naming it, a live one
+  // that never came kTimeout naming it, and teardown happens either way.
   void stop_tasks() noexcept;
-  [[nodiscard]] Result finalize();
-  [[nodiscard]] Result barrier();
+  [[nodiscard]] Result finalize(uint64_t deadline_ns);
+  [[nodiscard]] Result depart(uint64_t deadline_ns);
   void info(ucm_cache_info_t* out) const;
 
   const ucm_config_t& config() const { return config_; }

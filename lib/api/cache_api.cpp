@@ -6,6 +6,7 @@
 #include "api/config.h"
 #include "api/handles.h"
 #include "common/log.h"
+#include "common/time.h"
 
 using ucm::finish_call;
 using ucm::guarded;
@@ -32,15 +33,19 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
 
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
   if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kNullPointer, "cache (the handle's address) is NULL"));
+  const uint64_t start = ucm::now_ns();
   return finish_call(nullptr, guarded("ucm_cache_finalize", [&] {
     ucm::Retired gone;
     UCM_CHECK(ucm::retire_handle(*cache, [](ucm::Cache* c) { c->stop_tasks(); }, &gone));
     *cache = nullptr;
-    if (gone.cache) return gone.cache->finalize();
+    // One bound for the whole call: the calls in flight and the peers share it.
+    const ucm::Cache* c = gone.cache ? gone.cache.get() : gone.still_used;
+    const uint32_t timeout_ms = c->config().timeout_ms;
+    const uint64_t deadline = start + uint64_t{timeout_ms} * 1'000'000;
+    if (gone.cache) return gone.cache->finalize(deadline);
     // Calls on other threads still use the cache: keep it as it is, but meet
     // the peers, who must not wait for this rank.
-    const uint32_t timeout_ms = gone.still_used->config().timeout_ms;
-    UCM_CHECK(gone.still_used->barrier());
+    UCM_CHECK(gone.still_used->depart(deadline));
     return ucm::fail(ucm::Result::kTimeout,
                      "%u call(s) on other threads were still running %u ms (timeout_ms) after finalize began: the "
                      "handle is finalized, but the cache's memory and threads are left in place, not freed under them",

@@ -92,7 +92,8 @@ Result make_copy_engine(const EngineChoice& c, std::unique_ptr<CopyEngine>* out,
   taken->device_id = dev;
   return Result::kOk;
 #else
-  return fail(Result::kDevice, "device_id %s with copy_engine=%s needs CUDA, but this library is built without it",
+  // The same words as device_status().cuda_error, so one message serves both.
+  return fail(Result::kDevice, "device_id %s with copy_engine=%s needs CUDA, but this library is built without CUDA",
               c.auto_device ? "auto" : std::to_string(c.device_id).c_str(), engine_kind_name(c.kind));
 #endif
 }
