@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "rank %d: ucm_cache_info: %s\n", rank, ucm_last_error(cache));
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  char line[1024];
+  char line[1600];
   int used = snprintf(line, sizeof(line),
            "rank %d/%d host=%s node=%d/%d local_rank=%d local_size=%d device=%d engine=%s scheduler=%d "
            "hugetlb=%d data_bytes=%llu segments=%u control_bytes=%llu control_inode=%llu slots=%u+%u "
@@ -61,15 +61,15 @@ int main(int argc, char** argv) {
            info.hwloc_built ? "built" : "not-built", info.threads_bound, info.binding);
   if (used > 0 && (size_t)used < sizeof(line))
     snprintf(line + used, sizeof(line) - (size_t)used,
-             " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\"", info.register_seconds,
+             " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\" pages=\"%s\"", info.register_seconds,
              info.register_threads,
              info.data_bytes ? info.register_seconds / ((double)info.data_bytes / (1024.0 * 1024 * 1024)) : 0.0,
-             info.device_choice);
+             info.device_choice, info.pages);
   /* Print in rank order through rank 0 so lines never interleave. */
   if (rank == 0) {
     printf("%s\n", line);
     for (int i = 1; i < size; ++i) {
-      char other[1024];
+      char other[sizeof(line)];
       MPI_Recv(other, sizeof(other), MPI_CHAR, i, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       printf("%s\n", other);
     }

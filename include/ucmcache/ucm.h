@@ -122,6 +122,11 @@ typedef struct ucm_config {
                                 fails with the driver's reason rather than copy with memcpy into
                                 device pointers. The host engine runs when configured, or with
                                 auto on a node that has no GPU. async-test is for tests only. */
+  int32_t allow_overcommit;  /* UCM_OVERCOMMIT=1|0 (0): 0 refuses at init a data plane larger
+                                than the node can give (MemAvailable or the memory cgroup's
+                                limit; for hugepages=on, the free 2 MiB pages) and populates
+                                every page at init, so memory the kernel cannot give is an
+                                init error, not a SIGBUS later; 1 maps it lazily, unchecked */
 } ucm_config_t;
 
 /* Defaults, then UCM_* variables. A variable with a bad value is an error that
@@ -168,6 +173,9 @@ typedef struct ucm_cache_info {
   uint32_t reserved0;
   char device_choice[160]; /* how device_id was taken ("auto: the app's current device 1",
                               "configured device_id 0", "no GPU on this node (...)") */
+  char pages[256];         /* how the data plane's pages were chosen: "2 MiB hugetlb pages",
+                              or why hugepages=auto fell back to ordinary pages; and whether
+                              they were populated at init (allow_overcommit) */
 } ucm_cache_info_t;
 
 #ifndef UCM_NO_MPI

@@ -268,6 +268,11 @@ void Cache::info(ucm_cache_info_t* out) const {
   out->register_seconds = register_seconds_;
   out->register_threads = register_threads_;
   std::snprintf(out->device_choice, sizeof(out->device_choice), "%s", device_choice_.c_str());
+  if (data_.valid())
+    std::snprintf(out->pages, sizeof(out->pages), "%s, %s", data_.pages_note().c_str(),
+                  config_.allow_overcommit ? "not populated (allow_overcommit)" : "populated at init");
+  else
+    std::snprintf(out->pages, sizeof(out->pages), "no data plane on this rank (scheduler)");
 }
 
 }  // namespace ucm

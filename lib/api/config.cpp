@@ -122,6 +122,7 @@ void config_defaults(ucm_config_t* c) {
   c->owner_grace_us = 1000;
   c->segment_bytes = 1024 * kMiB;
   c->copy_engine = UCM_COPY_ENGINE_AUTO;
+  c->allow_overcommit = 0;
 }
 
 Result config_from_env(ucm_config_t* c) {
@@ -146,6 +147,7 @@ Result config_from_env(ucm_config_t* c) {
   UCM_CHECK(env_int("UCM_OWNER_GRACE_US", 0, 10000000, &c->owner_grace_us));
   UCM_CHECK(env_size("UCM_SEGMENT_BYTES", &c->segment_bytes));
   UCM_CHECK(env_copy_engine(&c->copy_engine));
+  UCM_CHECK(env_int("UCM_OVERCOMMIT", 0, 1, &c->allow_overcommit));
   if (const char* v = std::getenv("UCM_BACKEND")) {
     if (std::strlen(v) >= sizeof(c->backend))
       return fail(Result::kInvalidArg, "UCM_BACKEND is %zu characters, at most %zu fit", std::strlen(v),
@@ -189,6 +191,8 @@ Result check_config(const ucm_config_t& c) {
   if (c.wait != UCM_WAIT_FUTEX && c.wait != UCM_WAIT_POLL)
     return fail(Result::kInvalidArg, "wait %d is neither futex (0) nor poll (1)", static_cast<int>(c.wait));
   if (c.prealloc != 0 && c.prealloc != 1) return fail(Result::kInvalidArg, "prealloc %d is neither 0 nor 1", c.prealloc);
+  if (c.allow_overcommit != 0 && c.allow_overcommit != 1)
+    return fail(Result::kInvalidArg, "allow_overcommit %d is neither 0 nor 1", c.allow_overcommit);
   if (c.hugepages != UCM_HUGEPAGES_AUTO && c.hugepages != UCM_HUGEPAGES_ON && c.hugepages != UCM_HUGEPAGES_OFF)
     return fail(Result::kInvalidArg, "hugepages %d is not auto (0), on (1) or off (2)", static_cast<int>(c.hugepages));
   if (c.timeout_ms == 0) return fail(Result::kInvalidArg, "timeout_ms is 0");
@@ -231,6 +235,7 @@ Result layout_from_config(const ucm_config_t& c, uint32_t local_size, CtrlParams
   d.slot_bytes = c.shard_bytes;
   d.total_slots = p.regular_slots + p.reserved_slots;
   d.segment_bytes = c.segment_bytes;
+  d.allow_overcommit = c.allow_overcommit != 0;
   d.hugepages = c.hugepages == UCM_HUGEPAGES_ON ? HugePolicy::kOn
                 : c.hugepages == UCM_HUGEPAGES_OFF ? HugePolicy::kOff
                                                    : HugePolicy::kAuto;
@@ -253,7 +258,9 @@ std::string describe_config(const ucm_config_t& c) {
                 c.ranks_per_node, order_name(c.order), evict_name(c.evict), wait_name(c.wait), c.prealloc,
                 huge_name(c.hugepages), c.bind_threads, c.timeout_ms, c.liveness_ms, c.load_retries, c.io_depth, c.owner_grace_us,
                 c.segment_bytes, c.backend);
-  return std::string(buf) + " copy_engine=" + kCopyEngineNames[c.copy_engine <= UCM_COPY_ENGINE_ASYNC_TEST ? c.copy_engine : 0];
+  return std::string(buf) + " copy_engine=" +
+         kCopyEngineNames[c.copy_engine <= UCM_COPY_ENGINE_ASYNC_TEST ? c.copy_engine : 0] +
+         " allow_overcommit=" + std::to_string(c.allow_overcommit);
 }
 
 namespace {

@@ -350,7 +350,10 @@ Result BufferData::attach(const DataParams& params, bool hugetlb, const int* fds
                     strerror(e));
     }
   }
-  d.pages_note_ = hugetlb ? "2 MiB hugetlb pages" : "ordinary pages (chosen by local rank 0)";
+  d.pages_note_ = hugetlb                                ? "2 MiB hugetlb pages"
+                  : params.hugepages == HugePolicy::kOff ? "ordinary pages (hugepages=off)"
+                                                         : "ordinary pages: hugepages=auto fell back on local rank 0, "
+                                                           "which made the plane (its ucm_cache_info says why)";
   *out = std::move(d);
   return Result::kOk;
 }

@@ -296,6 +296,32 @@ TEST_F(Boot, StartsWithAndWithoutHugepagesAndReportsWhich) {
   if (!no_pages && !have_pages) GTEST_SKIP() << "cannot change /proc/sys/vm/nr_hugepages here (not root?)";
 }
 
+// A cache larger than the node can give is refused at init, with both
+// numbers, on every rank; the configuration may allow overcommit explicitly.
+// ucm_cache_info says how the pages were chosen.
+TEST_F(Boot, ACacheLargerThanTheNodeCanGiveIsRefusedUnlessOvercommitIsAllowed) {
+  ucm_config_t cfg = small_config();
+  cfg.shard_bytes = 1 << 20;
+  cfg.cache_bytes = 1ull << 40;  // 1 TiB, on a machine that has far less
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) >= (1ull << 40))
+    GTEST_SKIP() << "this machine has 1 TiB of memory";
+  ucm_cache_t cache = nullptr;
+  EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_ERR_NO_MEMORY);
+  const std::string e = ucm_last_error(nullptr);
+  EXPECT_NE(e.find("more than the"), std::string::npos) << e;
+  EXPECT_NE(e.find("allow overcommit"), std::string::npos) << e;
+  EXPECT_EQ(cache, nullptr);
+  if (cache) (void)ucm_cache_finalize(&cache);
+  cfg.allow_overcommit = 1;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const ucm_cache_info_t info = info_of(cache);
+  EXPECT_NE(std::string(info.pages).find("hugepages=off"), std::string::npos) << info.pages;
+  EXPECT_NE(std::string(info.pages).find("overcommit"), std::string::npos) << info.pages;
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
 std::set<std::string> entries_named_ucm(const char* dir) {
   std::set<std::string> out;
   if (DIR* d = opendir(dir)) {
