@@ -371,7 +371,8 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const P
     if (seq == 0) {
       std::memcpy(desc, buf + sizeof(g), sizeof(*desc));
       expected_total = desc->total_fds;
-      if (desc->store_fds > 1 || expected_total != 1 + desc->segment_count + desc->store_fds ||
+      // In 64 bits: 1 + 0xffffffff segments must not wrap to an empty fd list.
+      if (desc->store_fds > 1 || uint64_t{expected_total} != uint64_t{1} + desc->segment_count + desc->store_fds ||
           (!want_data && desc->segment_count != 0)) {
         close_all(fds);
         return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments and %u store fds",

@@ -319,6 +319,23 @@ TEST(BootSocket, AGrantWhoseFdCountDisagreesIsCorruptAndLeaksNothing) {
             Result::kCorrupt);
 }
 
+// 1 + segment_count + store_fds was computed in 32 bits: a descriptor with
+// segment_count 0xffffffff and total_fds 0 passed the check, and the caller
+// then read fds[0] of an empty list.
+TEST(BootSocket, ADescriptorWhoseCountsWrapIsCorrupt) {
+  EXPECT_EQ(fetch_from_liar([](int c, uint64_t nonce) {
+              WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, 2, sizeof(PlaneDescriptor), 0, 0};
+              PlaneDescriptor d{};
+              d.segment_count = 0xffffffffu;
+              d.total_fds = 0;
+              uint8_t buf[sizeof(h) + sizeof(d)];
+              std::memcpy(buf, &h, sizeof(h));
+              std::memcpy(buf + sizeof(h), &d, sizeof(d));
+              (void)send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+            }),
+            Result::kCorrupt);
+  EXPECT_NE(last_error().find("4294967295 segments"), std::string::npos) << last_error();
+}
 
 // ---- who serves the socket ------------------------------------------------
 
