@@ -32,8 +32,11 @@ std::string Cache::error() const {
 Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) {
   const std::string arg_message = ok(arg_error) ? std::string() : last_error();
   config_ = config;
-  UCM_CHECK(node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_));
+  const Result setup = node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_);
+  if (node_.comm == MPI_COMM_NULL) return setup;  // MPI itself failed: nothing collective is possible
   log_set_rank(node_.local_rank);
+  // One node's failure (too many ranks) is every node's.
+  UCM_CHECK(collective_status(node_.comm, setup));
 
   // 2. The caller's arguments and the config, alone and then against the
   // node's. From here on an exception between two collective steps is this

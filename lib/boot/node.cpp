@@ -56,15 +56,15 @@ Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out)
   MPI_Comm_size(n.comm, &n.size);
   MPI_Comm shared = MPI_COMM_NULL;
   UCM_MPI(MPI_Comm_split_type(n.comm, MPI_COMM_TYPE_SHARED, n.rank, MPI_INFO_NULL, &shared));
-  if (ranks_per_node > 0) {
-    int shared_rank = 0;
-    MPI_Comm_rank(shared, &shared_rank);
-    const int color = shared_rank / static_cast<int>(ranks_per_node);
-    UCM_MPI(MPI_Comm_split(shared, color, shared_rank, &n.node));
-    MPI_Comm_free(&shared);
-  } else {
-    n.node = shared;
-  }
+  // Every rank of the machine splits, whatever its ranks_per_node: ranks that
+  // disagree on it (config agreement comes later and names the field) must
+  // still make the same collective calls.
+  int shared_rank = 0;
+  MPI_Comm_rank(shared, &shared_rank);
+  const int color = ranks_per_node > 0 ? shared_rank / static_cast<int>(ranks_per_node) : 0;
+  const int split = MPI_Comm_split(shared, color, shared_rank, &n.node);
+  MPI_Comm_free(&shared);
+  UCM_MPI(split);
   MPI_Comm_set_errhandler(n.node, MPI_ERRORS_RETURN);
   MPI_Comm_rank(n.node, &n.local_rank);
   MPI_Comm_size(n.node, &n.local_size);
@@ -83,19 +83,23 @@ Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out)
   n.local_ids.resize(n.local_size);
   UCM_MPI(MPI_Allgather(&self, sizeof(self), MPI_BYTE, n.local_ids.data(), sizeof(self), MPI_BYTE, n.node));
   for (const ProcessIdentity& id : n.local_ids) n.local_pids.push_back(id.pid);
-  // Every rank sees the same list, so this fails on all of them or none.
-  for (int r = 0; r < n.local_size; ++r)
-    if (n.local_ids[r].start_ticks == 0)
-      return fail(Result::kSystem, "local rank %d (pid %d) could not read its start time from /proc/self/stat", r,
-                  n.local_ids[r].pid);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   n.host = host;
-  if (n.local_size > static_cast<int>(kMaxRanks))
-    return fail(Result::kInvalidArg, "%d ranks share this node's cache; at most %u can (set ranks_per_node)",
-                n.local_size, kMaxRanks);
+  // What fails from here fails on the ranks of one node only: the caller
+  // gets the communicators with the error and passes it through a
+  // collective status over every rank, so other nodes never wait in a
+  // collective this node skipped.
+  Result r = Result::kOk;
+  for (int i = 0; i < n.local_size && ok(r); ++i)
+    if (n.local_ids[i].start_ticks == 0)
+      r = fail(Result::kSystem, "local rank %d (pid %d) could not read its start time from /proc/self/stat", i,
+               n.local_ids[i].pid);
+  if (ok(r) && n.local_size > static_cast<int>(kMaxRanks))
+    r = fail(Result::kInvalidArg, "%d ranks share this node's cache; at most %u can (set ranks_per_node)",
+             n.local_size, kMaxRanks);
   *out = std::move(n);
-  return Result::kOk;
+  return r;
 }
 
 void node_teardown(NodeContext* n) {

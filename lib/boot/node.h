@@ -35,6 +35,10 @@ struct NodeContext {
 // Splits `comm` into nodes (MPI_COMM_TYPE_SHARED, then pretend nodes of
 // ranks_per_node ranks when that is > 0) and gathers the node's pids with
 // their start times (so a pid taken over by another process is no rank).
+// A failure that leaves the communicators built (a node with more than
+// kMaxRanks ranks, a rank without a start time) still fills *out: pass the
+// result through collective_status(out->comm, ...) so that every rank of
+// every node gets it. With out->comm null nothing collective is possible.
 [[nodiscard]] Result node_setup(MPI_Comm comm, uint32_t ranks_per_node, NodeContext* out);
 void node_teardown(NodeContext* n);
 
