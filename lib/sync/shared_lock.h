@@ -1,8 +1,8 @@
 // A cross-process lock in one 32-bit word of shared memory that names its holder.
 //
-// Word: 0 = free; otherwise bits 0..30 hold the holder id (a local rank + 1
-// for bucket locks, a pid for the recovery lock) and bit 31 says that someone
-// may be sleeping on it. Lock takes it with a CAS;
+// Word: 0 = free; otherwise bits 0..30 hold the holder id (a local rank + 1:
+// bucket locks) and bit 31 says that someone may be sleeping on it. A lock
+// named by a process rather than a rank is process_lock, below. Lock takes it with a CAS;
 // a contended locker sets bit 31 and futex-waits in slices. After each slice it
 // asks `holder_alive(holder id)`; a dead holder ends the wait with kPeerDead so
 // the caller can run recovery (which steals the lock with `shared_lock_steal`).
