@@ -87,7 +87,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
 }
 
 Result Cache::open_rank() {
-  Result r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank));
+  Result r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank), deadline_after_ms(config_.timeout_ms));
   joined_ = ok(r);
   if (ok(r) && engine_ && data_.valid()) {
     std::vector<std::pair<void*, uint64_t>> segs;

@@ -89,7 +89,10 @@ ucm::Result lookup(ucm::Cache& c, const ucm_key_t* keys, size_t n, uint8_t* wher
   std::string first_error;
   for (size_t i = 0; i < n; ++i) {
     const ucm::Key k = to_key(keys[i]);
-    if (c.buffer()->exists(k)) {
+    bool cached = false;
+    // A corrupt control region is the whole call's answer, not one key's.
+    UCM_CHECK(c.buffer()->exists(k, &cached));
+    if (cached) {
       where[i] = UCM_WHERE_CACHE;
       continue;
     }
@@ -144,8 +147,7 @@ UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, siz
     UCM_CHECK(check_count(c, n));
     std::vector<ucm::BlockId> ids(n);
     for (size_t i = 0; i < n; ++i) ids[i] = ucm::block_from_bytes(blocks[i].bytes);
-    c.buffer()->touch(ids.data(), n);
-    return ucm::Result::kOk;
+    return c.buffer()->touch(ids.data(), n);
   });
 }
 

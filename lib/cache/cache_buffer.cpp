@@ -72,6 +72,7 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
     *a = Attach::kRetry;
     return Result::kOk;
   }
+
   if (!slot_has_key(c, i, k)) {  // re-keyed between our walk and our pin
     unpin_slot(c, opts_.rank, i);
     *a = Attach::kRetry;
@@ -86,6 +87,12 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
       break;
+    }
+    // Off the hit path: an owner no rank can be is a stray write, and waiting
+    // on it would wait for nobody.
+    if (const Result r = check_owner(i, w); r != Result::kOk) {
+      unpin_slot(c, opts_.rank, i);
+      return r;
     }
     if (s == State::kCorrupt) {
       // Not taken over: a reload would fail the same way (layout.h). The
@@ -119,12 +126,16 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   UCM_CHECK(check_key(k));
   const uint32_t b = bucket_of(k, ctrl_->bucket_mask());
   // Optimistic, lock-free: the hit path.
-  const uint32_t i = chain_find_unlocked(*ctrl_, b, k);
+  WalkEnd end;
+  const uint32_t i = chain_find_unlocked(*ctrl_, b, k, &end);
   if (i != kNoSlot) {
     Attach a;
     UCM_CHECK(attach_found(i, k, out, &a));
     if (a == Attach::kDone) return Result::kOk;
+  } else if (end == WalkEnd::kCorrupt) {
+    return Result::kCorrupt;  // last_error() names the chain
   }
+  // A walk that ran out of steps goes the locked way, which tells a cycle.
   return get_locked(k, b, out);
 }
 
@@ -158,7 +169,11 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       start_clock();
       UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline));
     }
-    const uint32_t i = chain_find_locked(c, b, k);
+    uint32_t i = kNoSlot;
+    if (const Result r = chain_find_locked(c, b, k, &i); r != Result::kOk) {
+      shared_unlock(lock);
+      return r;
+    }
     if (i != kNoSlot) {
       Attach a;
       Result r = attach_found(i, k, out, &a);
@@ -169,25 +184,35 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       // fail its try-lock and drop the claim. Unless it died holding it.
       start_clock();
       const uint64_t now = now_ns();
+      const uint32_t claimer = c.slot(i).claim.load(std::memory_order_relaxed);
+      if (claimer > c.max_ranks())
+        return fail(Result::kCorrupt, "slot %u (bucket %u) is claimed by holder id %u > %u ranks", i, b, claimer,
+                    c.max_ranks());
       if (now >= deadline)
-        return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i,
-                    c.slot(i).claim.load(std::memory_order_relaxed), opts_.lock_timeout_ms);
+        return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i, claimer,
+                    opts_.lock_timeout_ms);
       if (now >= next_liveness_check) {
         next_liveness_check = now + slice_ns_;
-        if (any_rank_dead(c)) UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr));
+        if (any_rank_dead(c)) UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, deadline));
       }
       sched_yield();
       continue;
     }
     bool evicted = false;
     uint32_t v = take_unused_regular(c, holder_);
-    if (v == kNoSlot) v = take_regular_victim(c, holder_, b, &evicted);
+    if (v == kNoSlot) {
+      if (const Result r = take_regular_victim(c, holder_, b, &evicted, &v); r != Result::kOk) {
+        shared_unlock(lock);
+        return r;
+      }
+    }
     if (v == kNoSlot) {
       shared_unlock(lock);
       // Pins of a dead rank may be what fills the cache: recover, then retry once.
       if (!reaped_for_space && any_rank_dead(c)) {
         reaped_for_space = true;
-        UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr));
+        start_clock();
+        UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, deadline));
         continue;
       }
       bump(ctr_->no_space);
@@ -306,11 +331,18 @@ Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
   return Result::kOk;
 }
 
-void CacheBuffer::note_writer(uint32_t v) {
+uint64_t CacheBuffer::reap_deadline(uint64_t deadline_ns) const {
+  // A wait's own reap ends by its deadline, and by the lock timeout even for
+  // a wait without one, so a stopped recovery-lock holder cannot keep the
+  // wait from seeing its word change: the wait retries on its next slice.
+  return std::min(deadline_ns, deadline_after_ms(opts_.lock_timeout_ms));
+}
+
+void CacheBuffer::note_writer(uint32_t v, uint64_t deadline_ns) {
   const uint32_t writer = stored_writer(v);
   if (static_cast<StoreState>(v & kStoredStateMask) == StoreState::kWriting && writer != opts_.rank &&
       writer < kMaxRanks && !ctrl_->rank_alive(writer))
-    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr);
+    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr, reap_deadline(deadline_ns));
 }
 
 Result CacheBuffer::wait_store_change(uint32_t slot, uint32_t observed, uint64_t deadline_ns, uint32_t* now_stored) {
@@ -327,7 +359,7 @@ Result CacheBuffer::wait_store_change(uint32_t slot, uint32_t observed, uint64_t
     }
     const uint64_t now = now_ns();
     if (now >= deadline_ns) {
-      note_writer(v);  // as wait_for_change: a dead writer is found whatever the wait's length
+      note_writer(v, deadline_ns);  // as wait_for_change: a dead writer is found whatever the wait's length
       const uint32_t last = sw.load(std::memory_order_acquire);
       if (changed(last)) {
         *now_stored = last;
@@ -338,7 +370,7 @@ Result CacheBuffer::wait_store_change(uint32_t slot, uint32_t observed, uint64_t
     }
     if (now >= next_check) {
       next_check = now + slice_ns_;
-      note_writer(v);
+      note_writer(v, deadline_ns);
     }
     // Always a futex: wait=poll reproduces the legacy load path, which had
     // no write-through to wait for.
@@ -364,17 +396,25 @@ bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_c
   return true;
 }
 
-void CacheBuffer::note_waited_on(uint32_t w) {
+Result CacheBuffer::check_owner(uint32_t slot, uint32_t w) const {
+  const uint32_t owner = word_owner(w);
+  if (owner != kNoOwner && owner >= ctrl_->max_ranks())
+    return fail(Result::kCorrupt, "slot %u's word 0x%08x names owner rank %u >= %u ranks", slot, w, owner,
+                ctrl_->max_ranks());
+  return Result::kOk;
+}
+
+void CacheBuffer::note_waited_on(uint32_t w, uint64_t deadline_ns) {
   // After a silent slice: is the rank we wait on still there?
   const uint32_t owner = word_owner(w);
   if (word_state(w) == State::kIdle && owner != kNoOwner && owner != opts_.rank && !ctrl_->rank_alive(owner))
-    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr);
+    (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr, reap_deadline(deadline_ns));
 }
 
-Result CacheBuffer::poll_once(uint32_t slot, uint32_t* w) {
+Result CacheBuffer::poll_once(uint32_t slot, uint64_t deadline_ns, uint32_t* w) {
   // The legacy waiter, kept to measure against: lock, read, unlock.
   const uint32_t b = bucket_of(slot_key(*ctrl_, slot), ctrl_->bucket_mask());
-  UCM_CHECK(lock_bucket(*ctrl_, opts_.rank, b, slice_ns_, kNoDeadline));
+  UCM_CHECK(lock_bucket(*ctrl_, opts_.rank, b, slice_ns_, deadline_ns));
   *w = ctrl_->slot(slot).word.load(std::memory_order_acquire);
   shared_unlock(&ctrl_->bucket(b).lock);
   return Result::kOk;
@@ -387,7 +427,8 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
   uint64_t next_check = now_ns() + slice_ns_;
   for (;;) {
     uint32_t w = word.load(std::memory_order_acquire);
-    if (opts_.wait == WaitMode::kPoll) UCM_CHECK(poll_once(slot, &w));
+    if (opts_.wait == WaitMode::kPoll) UCM_CHECK(poll_once(slot, deadline_ns, &w));
+    UCM_CHECK(check_owner(slot, w));
     if (word_changed(w, observed)) {
       *now_word = w;
       return Result::kOk;
@@ -397,7 +438,7 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
       // Callers that wait in short pieces never reach a full slice: look at
       // the owner once more before giving up, so a dead one is recovered (its
       // load turns Failed) whatever the length of the wait.
-      note_waited_on(w);
+      note_waited_on(w, deadline_ns);
       const uint32_t last = word.load(std::memory_order_acquire);
       if (word_changed(last, observed)) {
         *now_word = last;
@@ -408,7 +449,7 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
     }
     if (now >= next_check) {
       next_check = now + slice_ns_;
-      note_waited_on(w);
+      note_waited_on(w, deadline_ns);
     }
     if (opts_.wait == WaitMode::kPoll) {
       sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, deadline_ns - now));
@@ -498,10 +539,12 @@ void CacheBuffer::release(uint32_t slot) {
   }
 }
 
-size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {
+Result CacheBuffer::touch(const BlockId* blocks, size_t n, size_t* marked_out) {
   const BufferCtrl& c = *ctrl_;
   const uint32_t runs = std::min(c.shards_per_block(), c.bucket_count());
+  const uint32_t total = c.total_slots();
   size_t marked = 0;
+  Result res = Result::kOk;
   for (size_t j = 0; j < n; ++j) {
     const BlockId& blk = blocks[j];
     const uint64_t h = block_hash(blk);
@@ -509,7 +552,10 @@ size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {
     for (uint32_t s = 0; s < runs; ++s) {
       const uint32_t b = static_cast<uint32_t>((h + s) & c.bucket_mask());
       uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
-      for (uint32_t steps = 0; i != kNoSlot && steps < c.total_slots(); ++steps) {
+      uint32_t steps = 0;
+      // Lock-free, so bounded (clock.h): a walk that runs out of steps only
+      // misses a mark; an index past the end is corrupt.
+      for (; i < total && steps < total; ++steps) {
         const SlotMeta& m = c.slot(i);
         if (m.key_lo.load(std::memory_order_relaxed) == blk.lo && m.key_hi.load(std::memory_order_relaxed) == blk.hi &&
             m.shard.load(std::memory_order_relaxed) != kEmptyShard) {
@@ -518,11 +564,14 @@ size_t CacheBuffer::touch(const BlockId* blocks, size_t n) {
         }
         i = m.next.load(std::memory_order_acquire);
       }
+      if (i >= total && i != kNoSlot && res == Result::kOk) res = chain_bad_index(c, b, steps, i);
     }
   }
   ctr_->touched_slots.fetch_add(marked, std::memory_order_relaxed);
   if (touch_hook_) touch_hook_(touch_ctx_, blocks, n);
-  return marked;
+  if (marked_out) *marked_out = marked;
+  if (res != Result::kOk) return fail(res, "touch: %s", last_error().c_str());
+  return Result::kOk;
 }
 
 Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
@@ -536,7 +585,12 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
     *out = PreallocOutcome::kBusy;
     return Result::kOk;
   }
-  if (chain_find_locked(c, b, k) != kNoSlot) {
+  uint32_t found = kNoSlot;
+  if (const Result r = chain_find_locked(c, b, k, &found); r != Result::kOk) {
+    shared_unlock(lock);
+    return r;
+  }
+  if (found != kNoSlot) {
     shared_unlock(lock);
     *out = PreallocOutcome::kAlreadyPresent;
     return Result::kOk;
@@ -545,8 +599,11 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   bool reserved = false;
   uint32_t v = take_unused_regular(c, holder_);
   if (v == kNoSlot) {
-    v = take_reserved_slot(c, holder_, b, &evicted);
     reserved = true;
+    if (const Result r = take_reserved_slot(c, holder_, b, &evicted, &v); r != Result::kOk) {
+      shared_unlock(lock);
+      return r;
+    }
   }
   if (v == kNoSlot) {
     shared_unlock(lock);
@@ -560,22 +617,28 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   return Result::kOk;
 }
 
-bool CacheBuffer::exists(const Key& k) const {
-  if (k.shard >= ctrl_->shards_per_block()) return false;
-  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k);
-  if (i == kNoSlot) return false;
+Result CacheBuffer::exists(const Key& k, bool* present) const {
+  *present = false;
+  if (k.shard >= ctrl_->shards_per_block()) return Result::kOk;
+  WalkEnd end;
+  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k, &end);
+  if (i == kNoSlot) return end == WalkEnd::kCorrupt ? Result::kCorrupt : Result::kOk;
   const bool ready = word_state(ctrl_->slot(i).word.load(std::memory_order_acquire)) == State::kReady;
-  return ready && slot_has_key(*ctrl_, i, k);
+  *present = ready && slot_has_key(*ctrl_, i, k);
+  return Result::kOk;
 }
 
 bool CacheBuffer::being_served(const Key& k) const {
   if (k.shard >= ctrl_->shards_per_block()) return false;
-  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k);
+  WalkEnd end;
+  const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k, &end);
   if (i == kNoSlot) return false;
   const uint32_t w = ctrl_->slot(i).word.load(std::memory_order_acquire);
   return !(word_state(w) == State::kIdle && word_owner(w) == kNoOwner) && slot_has_key(*ctrl_, i, k);
 }
 
-Result CacheBuffer::reap() { return reap_dead_ranks(*ctrl_, opts_.rank, nullptr); }
+Result CacheBuffer::reap() {
+  return reap_dead_ranks(*ctrl_, opts_.rank, nullptr, deadline_after_ms(opts_.lock_timeout_ms));
+}
 
 }  // namespace ucm

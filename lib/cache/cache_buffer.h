@@ -118,8 +118,10 @@ class CacheBuffer {
   void release(uint32_t slot);
 
   // Sets the accessed bit of every resident shard of each block, then forwards
-  // the same batch to the hook (the backend's Touch). Returns slots marked.
-  size_t touch(const BlockId* blocks, size_t n);
+  // the same batch to the hook (the backend's Touch). *marked (optional): slots
+  // marked. kCorrupt (naming the chain) when a chain holds an index past the
+  // end; the hook still gets the batch.
+  [[nodiscard]] Result touch(const BlockId* blocks, size_t n, size_t* marked = nullptr);
   void set_touch_hook(TouchHook hook, void* ctx) {
     touch_hook_ = hook;
     touch_ctx_ = ctx;
@@ -131,9 +133,16 @@ class CacheBuffer {
   [[nodiscard]] Result prealloc(const Key& k, PreallocOutcome* out);
 
   // Whether k is resident and Ready (a hint). Works on a scheduler rank.
-  bool exists(const Key& k) const;
+  // kCorrupt (naming the place) when k's chain holds an index past the end.
+  [[nodiscard]] Result exists(const Key& k, bool* present) const;
+  // The same, with corruption read as "absent" (tests, hints).
+  bool exists(const Key& k) const {
+    bool present = false;
+    return exists(k, &present) == Result::kOk && present;
+  }
   // Whether some rank holds k or is loading it (a hint): resident and not a
-  // preallocated slot that nobody owns yet.
+  // preallocated slot that nobody owns yet. A corrupt chain reads as "no"
+  // (get() on the key then reports it).
   bool being_served(const Key& k) const;
 
   void* data_at(uint32_t slot) const { return data_ ? data_->at(slot) : nullptr; }
@@ -151,9 +160,11 @@ class CacheBuffer {
   Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
   Result get_locked(const Key& k, uint32_t b, GetResult* out);
   Result set_final_state(uint32_t slot, State s, bool for_write, const char* what);
-  void note_writer(uint32_t stored_word);
-  Result poll_once(uint32_t slot, uint32_t* w);
-  void note_waited_on(uint32_t w);
+  Result poll_once(uint32_t slot, uint64_t deadline_ns, uint32_t* w);
+  void note_waited_on(uint32_t w, uint64_t deadline_ns);
+  void note_writer(uint32_t stored_word, uint64_t deadline_ns);
+  uint64_t reap_deadline(uint64_t deadline_ns) const;
+  Result check_owner(uint32_t slot, uint32_t w) const;
 
   const BufferCtrl* ctrl_;
   const BufferData* data_;

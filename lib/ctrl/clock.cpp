@@ -1,24 +1,56 @@
 #include "ctrl/clock.h"
 
+#include "common/log.h"
 #include "ctrl/pins.h"
 #include "sync/futex.h"
 #include "sync/shared_lock.h"
 
 namespace ucm {
 
-uint32_t chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k) {
-  for (uint32_t i = c.bucket(b).head.load(std::memory_order_acquire); i != kNoSlot;
-       i = c.slot(i).next.load(std::memory_order_acquire))
-    if (slot_has_key(c, i, k)) return i;
-  return kNoSlot;
+Result chain_bad_index(const BufferCtrl& c, uint32_t b, uint32_t pos, uint32_t bad) {
+  return fail(Result::kCorrupt, "bucket %u's chain: slot index %u at position %u >= %u slots", b, bad, pos,
+              c.total_slots());
 }
 
-bool chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot) {
-  uint32_t steps = 0;
-  for (uint32_t i = c.bucket(b).head.load(std::memory_order_acquire); i != kNoSlot && steps <= c.total_slots();
-       i = c.slot(i).next.load(std::memory_order_acquire), ++steps)
-    if (i == slot) return true;
-  return false;
+Result chain_too_long(const BufferCtrl& c, uint32_t b) {
+  return fail(Result::kCorrupt, "bucket %u's chain: more than %u links with its lock held (a cycle)", b,
+              c.total_slots());
+}
+
+namespace {
+
+// Visits bucket b's chain under its lock: fn(position, slot, predecessor)
+// returns true to stop. Every index is checked before use, and the walk ends
+// after total_slots links.
+template <class Fn>
+Result walk_locked(const BufferCtrl& c, uint32_t b, Fn&& fn) {
+  const uint32_t total = c.total_slots();
+  uint32_t prev = kNoSlot;
+  uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
+  for (uint32_t pos = 0; i != kNoSlot; ++pos) {
+    if (i >= total) return chain_bad_index(c, b, pos, i);
+    if (pos >= total) return chain_too_long(c, b);
+    if (fn(i, prev)) return Result::kOk;
+    prev = i;
+    i = c.slot(i).next.load(std::memory_order_acquire);
+  }
+  return Result::kOk;
+}
+
+}  // namespace
+
+Result chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k, uint32_t* slot) {
+  *slot = kNoSlot;
+  return walk_locked(c, b, [&](uint32_t i, uint32_t) {
+    if (!slot_has_key(c, i, k)) return false;
+    *slot = i;
+    return true;
+  });
+}
+
+Result chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found) {
+  *found = false;
+  return walk_locked(c, b, [&](uint32_t i, uint32_t) { return *found = i == slot; });
 }
 
 void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot) {
@@ -27,19 +59,24 @@ void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot) {
   bk.head.store(slot, std::memory_order_release);
 }
 
-bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot) {
-  Bucket& bk = c.bucket(b);
+Result chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found) {
   uint32_t prev = kNoSlot;
-  uint32_t cur = bk.head.load(std::memory_order_relaxed);
-  while (cur != kNoSlot && cur != slot) {
-    prev = cur;
-    cur = c.slot(cur).next.load(std::memory_order_relaxed);
+  *found = false;
+  UCM_CHECK(walk_locked(c, b, [&](uint32_t i, uint32_t p) {
+    prev = p;
+    return *found = i == slot;
+  }));
+  if (!*found) return Result::kOk;
+  // The link after the slot is checked too: unlinking would splice it in.
+  const uint32_t after = c.slot(slot).next.load(std::memory_order_relaxed);
+  if (after != kNoSlot && after >= c.total_slots()) {
+    *found = false;
+    return fail(Result::kCorrupt, "bucket %u's chain: slot %u links to slot index %u >= %u slots", b, slot, after,
+                c.total_slots());
   }
-  if (cur == kNoSlot) return false;
-  uint32_t after = c.slot(slot).next.load(std::memory_order_relaxed);
-  if (prev == kNoSlot) bk.head.store(after, std::memory_order_release);
+  if (prev == kNoSlot) c.bucket(b).head.store(after, std::memory_order_release);
   else c.slot(prev).next.store(after, std::memory_order_release);
-  return true;
+  return Result::kOk;
 }
 
 void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
@@ -59,24 +96,32 @@ void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const 
 
 namespace {
 
-// Detaches claimed slot i from the chain it is on. On failure (its bucket is
-// busy) the claim is dropped.
-bool detach_claimed(const BufferCtrl& c, uint32_t i, uint32_t locked_bucket, bool* evicted) {
+// Detaches claimed slot i from the chain it is on (*done). If its bucket is
+// busy, or its chain corrupt (kCorrupt), the claim is dropped.
+Result detach_claimed(const BufferCtrl& c, uint32_t i, uint32_t locked_bucket, bool* evicted, bool* done) {
   SlotMeta& s = c.slot(i);
+  *done = false;
   if (s.shard.load(std::memory_order_relaxed) == kEmptyShard) {
     *evicted = false;
-    return true;
+    *done = true;
+    return Result::kOk;
   }
   const uint32_t ob = bucket_of(slot_key(c, i), c.bucket_mask());
   const uint32_t holder = s.claim.load(std::memory_order_relaxed);
   if (ob != locked_bucket && !shared_try_lock(&c.bucket(ob).lock, holder)) {
     unclaim_slot(c, i);
-    return false;
+    return Result::kOk;
   }
-  chain_unlink(c, ob, i);
+  bool found = false;
+  const Result r = chain_unlink(c, ob, i, &found);
   if (ob != locked_bucket) shared_unlock(&c.bucket(ob).lock);
+  if (r != Result::kOk) {
+    unclaim_slot(c, i);
+    return r;
+  }
   *evicted = true;
-  return true;
+  *done = true;
+  return Result::kOk;
 }
 
 // The hand is taken in runs: one fetch_add claims `run` consecutive positions
@@ -121,8 +166,9 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
   return p;
 }
 
-uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
-                     bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
+                   bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted, uint32_t* out) {
+  *out = kNoSlot;
   // Laps (clock.h): second chance; any stored slot; anything. The third is
   // reached only when every slot is pinned or holds bytes the store lacks.
   const uint64_t steps = (second_chance ? 3ull : 2ull) * n;
@@ -144,10 +190,13 @@ uint32_t clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& 
     // its bit clear is rarely pinned.
     if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i)) continue;
     if (!claim_slot(c, holder, i)) continue;
-    if (!detach_claimed(c, i, locked_bucket, evicted)) continue;
-    return i;
+    bool done = false;
+    UCM_CHECK(detach_claimed(c, i, locked_bucket, evicted, &done));
+    if (!done) continue;
+    *out = i;
+    return Result::kOk;
   }
-  return kNoSlot;
+  return Result::kOk;
 }
 
 uint32_t take_unused(const BufferCtrl& c, std::atomic<uint32_t>& next, uint32_t first, uint32_t n, uint32_t holder) {
@@ -173,21 +222,25 @@ uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder) {
   return take_unused(c, c.globals().unused_regular, 0, c.regular_slots(), holder);
 }
 
-uint32_t take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+Result take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
+                           uint32_t* slot) {
   return clock_sweep(c, c.globals().clock_hand, t_runs[0], 0, c.regular_slots(), c.evict_mode() == EvictMode::kClock,
-                     holder, locked_bucket, evicted);
+                     holder, locked_bucket, evicted, slot);
 }
 
-uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted) {
+Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
+                          uint32_t* slot) {
+  *slot = kNoSlot;
   const uint32_t first = c.regular_slots();
   const uint32_t n = c.total_slots() - first;
-  if (n == 0) return kNoSlot;
+  if (n == 0) return Result::kOk;
   uint32_t i = take_unused(c, c.globals().unused_reserved, first, n, holder);
   if (i != kNoSlot) {
     *evicted = false;
-    return i;
+    *slot = i;
+    return Result::kOk;
   }
-  return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted);
+  return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted, slot);
 }
 
 }  // namespace ucm

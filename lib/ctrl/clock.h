@@ -50,22 +50,47 @@ inline bool slot_has_key(const BufferCtrl& c, uint32_t i, const Key& k) {
          s.key_hi.load(std::memory_order_relaxed) == k.block.hi && s.shard.load(std::memory_order_relaxed) == k.shard;
 }
 
+// Fails with kCorrupt: bucket b's chain holds index `bad` at position `pos`.
+[[nodiscard]] Result chain_bad_index(const BufferCtrl& c, uint32_t b, uint32_t pos, uint32_t bad);
+// Fails with kCorrupt: bucket b's chain (walked under its lock) has more
+// links than there are slots: a cycle.
+[[nodiscard]] Result chain_too_long(const BufferCtrl& c, uint32_t b);
+
+// How a lock-free walk ended when it found nothing.
+enum class WalkEnd : uint8_t {
+  kClean,    // reached kNoSlot
+  kTooLong,  // ran out of steps: wandered, or a cycle (only a locked walk can tell)
+  kCorrupt,  // an index past the end: last_error() names it
+};
+
 // Lock-free lookup of `k` on bucket b's chain: at most total_slots steps.
-// The answer is a hint; confirm it under a pin.
-inline uint32_t chain_find_unlocked(const BufferCtrl& c, uint32_t b, const Key& k) {
+// The answer is a hint; confirm it under a pin. *end says how a walk that
+// found nothing ended.
+inline uint32_t chain_find_unlocked(const BufferCtrl& c, uint32_t b, const Key& k, WalkEnd* end) {
+  const uint32_t total = c.total_slots();
   uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
-  for (uint32_t steps = 0; i != kNoSlot && steps < c.total_slots(); ++steps) {
+  uint32_t steps = 0;
+  for (; i < total && steps < total; ++steps) {
     if (slot_has_key(c, i, k)) return i;
     i = c.slot(i).next.load(std::memory_order_acquire);
+  }
+  if (i == kNoSlot) {
+    *end = WalkEnd::kClean;
+  } else if (i < total) {
+    *end = WalkEnd::kTooLong;
+  } else {
+    (void)chain_bad_index(c, b, steps, i);
+    *end = WalkEnd::kCorrupt;
   }
   return kNoSlot;
 }
 
-// The caller holds bucket b's lock.
-uint32_t chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k);
-bool chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot);
+// The caller holds bucket b's lock. Each fails with kCorrupt (nothing
+// changed) on a bad index or a cycle.
+[[nodiscard]] Result chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k, uint32_t* slot);
+[[nodiscard]] Result chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found);
 void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot);
-bool chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot);
+[[nodiscard]] Result chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found);
 
 // Writes a new key into a claimed floating slot with the given word state and
 // owner, pushes it on bucket b (whose lock the caller holds) and unclaims it.
@@ -76,10 +101,13 @@ void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const 
 
 // A never-used regular slot, claimed; kNoSlot when all have been used.
 uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder);
-// A regular-pool victim by the configured eviction mode, claimed and detached.
-// `*evicted` says whether it held a key. `locked_bucket` is the caller's.
-uint32_t take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted);
+// A regular-pool victim by the configured eviction mode, claimed and detached
+// (*slot; kNoSlot when there is none). `*evicted` says whether it held a key.
+// `locked_bucket` is the caller's. kCorrupt when the victim's chain is.
+[[nodiscard]] Result take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
+                                         uint32_t* slot);
 // A reserved-pool slot: never used first, then CLOCK over the reserved pool.
-uint32_t take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted);
+[[nodiscard]] Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
+                                        uint32_t* slot);
 
 }  // namespace ucm

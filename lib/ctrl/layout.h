@@ -38,7 +38,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 6;
+constexpr uint32_t kCtrlAbi = 7;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -165,7 +165,7 @@ struct alignas(64) CtrlGlobals {
   alignas(64) std::atomic<uint32_t> unused_regular;  // any rank: next never-used regular slot
   std::atomic<uint32_t> unused_reserved;             // any rank: next never-used reserved slot (offset)
   std::atomic<uint32_t> departing;                   // rank r sets bit r when it enters finalize (departure.h)
-  alignas(64) std::atomic<uint32_t> recovery_lock;   // the reaper of dead ranks (shared_lock, holder = pid)
+  alignas(64) std::atomic<uint64_t> recovery_lock;   // the reaper of dead ranks (process_lock: pid + start time)
   std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
 };
 static_assert(sizeof(CtrlGlobals) == 256);

@@ -120,7 +120,8 @@ inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, 
   uint32_t w = word.load(std::memory_order_acquire);
   for (;;) {
     const uint32_t owner = word_owner(w);
-    if (owner == kNoOwner || !((rank_mask >> owner) & 1u)) return;
+    // kNoOwner, or a stray value past any rank: not one of ours to drop.
+    if (owner >= kMaxRanks || !((rank_mask >> owner) & 1u)) return;
     const bool unfinished = word_state(w) == State::kIdle;
     if (!unfinished && !(w & kWordHold)) return;
     const uint32_t nw = unfinished ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));

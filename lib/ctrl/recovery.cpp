@@ -9,13 +9,16 @@
 
 #include <unistd.h>
 
+#include <string>
+
 namespace ucm {
 namespace {
 
-// The recovery lock names its holder by pid, not by rank: a process that
-// reaps the dead predecessor of the very rank it is about to join must not
-// look dead itself while the record still names that predecessor.
-bool pid_alive_probe(void*, uint32_t pid) { return pid_running(static_cast<int32_t>(pid)); }
+// The recovery lock names its holder by process (pid and start time), not by
+// rank: a process that reaps the dead predecessor of the very rank it is about
+// to join must not look dead itself while the record still names that
+// predecessor.
+constexpr uint64_t kRecoverySliceNs = 20'000'000;
 
 bool holder_alive_probe(void* ctx, uint32_t holder) {
   const auto* c = static_cast<const BufferCtrl*>(ctx);
@@ -26,15 +29,26 @@ bool is_dead_holder(uint32_t holder, uint32_t dead_mask) {
   return holder != 0 && holder <= kMaxRanks && (dead_mask >> (holder - 1)) & 1u;
 }
 
-// Locks b for the reaper, stealing it from any dead holder (dead now, even if
-// it was alive when the reap started).
-void reaper_lock(const BufferCtrl& c, uint32_t holder, uint32_t b) {
-  const LockWaitPolicy pol = lock_policy_for(c, 20'000'000);
+// A bucket lock word that names a holder no rank can be (not 1..max_ranks):
+// a stray write. Nobody could ever release it.
+Result check_lock_word(const BufferCtrl& c, uint32_t b) {
+  const uint32_t h = lock_holder(c.bucket(b).lock.load(std::memory_order_relaxed));
+  if (h > c.max_ranks())
+    return fail(Result::kCorrupt, "bucket %u's lock word names holder id %u > %u ranks", b, h, c.max_ranks());
+  return Result::kOk;
+}
+
+// Locks b for the reaper by the deadline, stealing it from any dead holder
+// (dead now, even if it was alive when the reap started).
+Result reaper_lock(const BufferCtrl& c, uint32_t holder, uint32_t b, uint64_t deadline) {
+  const LockWaitPolicy pol = lock_policy_for(c, kRecoverySliceNs);
   for (;;) {
     uint32_t dead = 0;
-    Result r = shared_lock(&c.bucket(b).lock, holder, kNoDeadline, pol, &dead);
-    if (r == Result::kOk) return;
-    if (r == Result::kPeerDead && shared_lock_steal(&c.bucket(b).lock, dead, holder)) return;
+    const Result r = shared_lock(&c.bucket(b).lock, holder, deadline, pol, &dead);
+    if (r == Result::kOk) return r;
+    if (r != Result::kPeerDead) return r;
+    UCM_CHECK(check_lock_word(c, b));
+    if (shared_lock_steal(&c.bucket(b).lock, dead, holder)) return Result::kOk;
   }
 }
 
@@ -72,54 +86,63 @@ Result lock_bucket(const BufferCtrl& c, uint32_t me, uint32_t b, uint64_t slice_
     uint32_t dead = 0;
     Result r = shared_lock(&c.bucket(b).lock, holder_id(me), deadline, pol, &dead);
     if (r != Result::kPeerDead) return r;
-    UCM_CHECK(reap_dead_ranks(c, me, nullptr));
+    UCM_CHECK(check_lock_word(c, b));
+    UCM_CHECK(reap_dead_ranks(c, me, nullptr, deadline));
   }
+}
+
+Result lock_recovery(const BufferCtrl& c, uint64_t deadline_ns) {
+  std::atomic<uint64_t>* word = &c.globals().recovery_lock;
+  const ProcessIdentity self = self_identity();
+  const uint64_t tag = process_lock_tag(self.pid, self.start_ticks);
+  for (;;) {
+    uint64_t dead = 0;
+    const Result r = process_lock(word, tag, deadline_ns, kRecoverySliceNs, &dead);
+    if (r != Result::kPeerDead) return r;
+    if (process_lock_steal(word, dead, tag)) {
+      UCM_WARN("pid %d died holding the recovery lock: taken over by pid %d", process_lock_pid(dead), self.pid);
+      return Result::kOk;
+    }
+  }
+}
+
+void unlock_recovery(const BufferCtrl& c) { process_unlock(&c.globals().recovery_lock); }
+
+int32_t recovery_lock_holder(const BufferCtrl& c) {
+  return process_lock_pid(c.globals().recovery_lock.load(std::memory_order_relaxed));
 }
 
 namespace {
 
-void lock_recovery(const BufferCtrl& c) {
-  CtrlGlobals& g = c.globals();
-  const uint32_t self_pid = static_cast<uint32_t>(getpid());
-  LockWaitPolicy pid_pol;
-  pid_pol.slice_ns = 20'000'000;
-  pid_pol.holder_alive = &pid_alive_probe;
-  for (;;) {
-    uint32_t dead = 0;
-    Result r = shared_lock(&g.recovery_lock, self_pid, kNoDeadline, pid_pol, &dead);
-    if (r == Result::kOk) return;
-    if (r == Result::kPeerDead && shared_lock_steal(&g.recovery_lock, dead, self_pid)) return;
-  }
-}
-
-Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited);
+Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited, uint64_t deadline);
 
 }  // namespace
 
-Result join_rank(const BufferCtrl& c, uint32_t r) {
+Result join_rank(const BufferCtrl& c, uint32_t r, uint64_t deadline_ns) {
   auto& ctrl = const_cast<BufferCtrl&>(c);
   // Under the recovery lock, no reaper can free the record while we adopt it.
-  lock_recovery(c);
+  UCM_CHECK(lock_recovery(c, deadline_ns));
   Result res = ctrl.join(r);
   if (res == Result::kPeerDead) {
     res = ctrl.adopt_dead_record(r);
-    if (res == Result::kOk) res = reap_locked(c, r, nullptr, 1u << r);
+    if (res == Result::kOk) res = reap_locked(c, r, nullptr, 1u << r, deadline_ns);
     if (res == Result::kOk) ctrl.finish_join(r);
   }
-  shared_unlock(&c.globals().recovery_lock);
+  unlock_recovery(c);
   return res;
 }
 
-Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
-  lock_recovery(c);
-  const Result r = reap_locked(c, me, reaped, inherited);
-  shared_unlock(&c.globals().recovery_lock);
+Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint64_t deadline_ns, uint32_t inherited) {
+  if (reaped) *reaped = 0;
+  UCM_CHECK(lock_recovery(c, deadline_ns));
+  const Result r = reap_locked(c, me, reaped, inherited, deadline_ns);
+  unlock_recovery(c);
   return r;
 }
 
 namespace {
 
-Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited) {
+Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited, uint64_t deadline) {
   const uint32_t holder = holder_id(me);
   CtrlGlobals& g = c.globals();
 
@@ -144,8 +167,12 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
     if (is_dead_holder(h, dead_mask) && shared_lock_steal(lk, h, holder)) shared_unlock(lk);
   }
 
-  // 3. Slots: pins, claims, loads in flight.
+  // 3. Slots: pins, claims, loads in flight. A corrupt chain does not stop
+  // the rest: its slot keeps the dead claim (we cannot tell whether it is on
+  // the chain), and the reap ends kCorrupt naming it.
   DroppedRefs dropped;
+  Result corrupt = Result::kOk;
+  std::string corrupt_what;
   for (uint32_t i = 0; i < c.total_slots(); ++i) {
     SlotMeta& s = c.slot(i);
     if (is_dead_holder(s.claim.load(std::memory_order_acquire), dead_mask)) {
@@ -155,9 +182,17 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
         // Keys change only while a slot floats, so a slot on a chain is on the
         // chain of its own key's bucket: look there, under that lock.
         const uint32_t b = bucket_of(slot_key(c, i), c.bucket_mask());
-        reaper_lock(c, holder, b);
-        if (chain_contains(c, b, i)) unclaim_slot(c, i);
-        else reset_floating_slot(c, i);
+        UCM_CHECK(reaper_lock(c, holder, b, deadline));
+        bool on_chain = false;
+        const Result r = chain_contains(c, b, i, &on_chain);
+        if (r != Result::kOk) {
+          if (corrupt == Result::kOk) corrupt_what = last_error();
+          corrupt = r;
+        } else if (on_chain) {
+          unclaim_slot(c, i);
+        } else {
+          reset_floating_slot(c, i);
+        }
         shared_unlock(&c.bucket(b).lock);
       }
     }
@@ -174,6 +209,9 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
   }
   g.reap_count.fetch_add(1, std::memory_order_relaxed);
   if (me < c.max_ranks()) c.rank(me).counters.reaps.fetch_add(__builtin_popcount(dead_mask), std::memory_order_relaxed);
+  if (corrupt != Result::kOk)
+    return fail(corrupt, "reaped %d dead rank(s), but a slot claim stays: %s", __builtin_popcount(dead_mask),
+                corrupt_what.c_str());
   return Result::kOk;
 }
 

@@ -19,6 +19,15 @@
 //      NotStored and its sleepers are woken, so a waiting dumper writes it;
 //   4. frees the dead ranks' records.
 // Every step is idempotent: a reaper that dies itself is reaped by the next.
+//
+// Every wait here ends at the caller's absolute deadline (kTimeout): taking the
+// recovery lock, and each bucket lock a reap takes. A reap cut short by its
+// deadline leaves dead records kReaping, which the next reap finishes. The
+// recovery lock names its holder by pid and start time (shared_lock.h,
+// process_lock), so a dead holder whose pid went to a stranger is still dead;
+// a live holder that is stopped (a debugger) costs waiters their deadline, not
+// a hang. A chain or lock word that shared memory holds garbage in is
+// kCorrupt naming the place, never an endless walk or a wild access.
 #pragma once
 
 #include <cstdint>
@@ -33,11 +42,22 @@ namespace ucm {
 // being joined by join_rank). *reaped (optional) receives how many were
 // reaped. `inherited` adds ranks whose records already name the caller but
 // whose leftovers (pins, locks, claims, loads) belong to a dead predecessor.
-[[nodiscard]] Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited = 0);
+// kTimeout at the absolute deadline; kCorrupt (after reaping what it could)
+// when a chain it had to walk is corrupt.
+[[nodiscard]] Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint64_t deadline_ns,
+                                     uint32_t inherited = 0);
 
 // Joins rank r; if a dead process still holds its record, adopts the record
-// and cleans up after the predecessor first.
-[[nodiscard]] Result join_rank(const BufferCtrl& c, uint32_t r);
+// and cleans up after the predecessor first, by the absolute deadline.
+[[nodiscard]] Result join_rank(const BufferCtrl& c, uint32_t r, uint64_t deadline_ns);
+
+// The node's recovery lock (layout.h, CtrlGlobals), taken by the calling
+// process, stolen from a dead holder; kTimeout at the deadline. Exposed for
+// tests and tools; reap_dead_ranks and join_rank take it themselves.
+[[nodiscard]] Result lock_recovery(const BufferCtrl& c, uint64_t deadline_ns);
+void unlock_recovery(const BufferCtrl& c);
+// The pid that holds the recovery lock, 0 when free.
+int32_t recovery_lock_holder(const BufferCtrl& c);
 
 // True if some registered rank's process is gone (cheap enough for slow paths).
 bool any_rank_dead(const BufferCtrl& c);
@@ -46,7 +66,8 @@ bool any_rank_dead(const BufferCtrl& c);
 LockWaitPolicy lock_policy_for(const BufferCtrl& c, uint64_t slice_ns);
 
 // Locks bucket b for rank `me`, reaping a dead holder and retrying. Deadline
-// is absolute (ns); returns kOk or kTimeout.
+// is absolute (ns); returns kOk, kTimeout, or kCorrupt when the lock word
+// names a holder no rank can be.
 [[nodiscard]] Result lock_bucket(const BufferCtrl& c, uint32_t me, uint32_t b, uint64_t slice_ns, uint64_t deadline);
 
 }  // namespace ucm

@@ -289,7 +289,7 @@ TEST(CacheHold, ADeadOwnersHoldIsDroppedByRecovery) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  const uint32_t slot = chain_find_locked(tc.ctrl, bucket_of(key(800, 0), tc.ctrl.bucket_mask()), key(800, 0));
+  const uint32_t slot = resident_slot(tc.ctrl, key(800, 0));
   ASSERT_NE(slot, kNoSlot);
   EXPECT_TRUE(slot_held(tc.ctrl, slot));
   ASSERT_EQ(r0.reap(), Result::kOk);
@@ -347,7 +347,9 @@ TEST_F(TwoRanks, ASchedulerViewAnswersExistsOnly) {
   EXPECT_EQ(sched.get(key(9, 3), &g), Result::kBadState);
   EXPECT_NE(last_error().find("scheduler"), std::string::npos);
   const BlockId b = block(9);
-  EXPECT_EQ(sched.touch(&b, 1), 1u);
+  size_t marked = 0;
+  EXPECT_EQ(sched.touch(&b, 1, &marked), Result::kOk);
+  EXPECT_EQ(marked, 1u);
   PreallocOutcome po;
   EXPECT_EQ(sched.prealloc(key(9, 0), &po), Result::kBadState);
 }

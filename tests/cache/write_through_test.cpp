@@ -278,7 +278,7 @@ TEST(WriteThroughRecovery, ADeadWritersWriteBecomesNotStoredAndTheNextDumperWrit
     CacheBuffer r0(&tc.ctrl, &tc.data, CacheOptions{});
     const Key k = key(900, 1);
     dump_and_vanish(tc, k, leave);
-    const uint32_t slot = chain_find_locked(tc.ctrl, bucket_of(k, tc.ctrl.bucket_mask()), k);
+    const uint32_t slot = resident_slot(tc.ctrl, k);
     ASSERT_NE(slot, kNoSlot);
     if (!leave) {
       EXPECT_EQ(static_cast<StoreState>(tc.ctrl.stored(slot).load() & kStoredStateMask), StoreState::kWriting);

@@ -65,8 +65,8 @@ inline std::string check_quiescent(const BufferCtrl& c, const BufferData* data, 
   char buf[512];
   QuiescentStats st;
   const uint32_t total = c.total_slots();
-  if (uint32_t h = c.globals().recovery_lock.load(); h != 0) {
-    std::snprintf(buf, sizeof(buf), "the recovery lock is held (word 0x%x)", h);
+  if (uint64_t h = c.globals().recovery_lock.load(); h != 0) {
+    std::snprintf(buf, sizeof(buf), "the recovery lock is held (word 0x%" PRIx64 ")", h);
     return buf;
   }
   std::vector<int64_t> on_bucket(total, -1);

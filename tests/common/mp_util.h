@@ -251,10 +251,10 @@ inline int64_t check_pattern(const void* src, uint64_t bytes, const Key& k) {
 
 // Joins local rank r; if the record still names a dead process, reaps (as r,
 // which is what a replacement process does) and joins again.
-inline Result join_rank(const BufferCtrl& c, uint32_t r, uint64_t deadline_ns) {
+inline Result join_rank_retrying(const BufferCtrl& c, uint32_t r, uint64_t deadline_ns) {
   for (;;) {
     // ucm::join_rank adopts a dead predecessor's record and cleans up after it.
-    const Result j = ucm::join_rank(c, r);
+    const Result j = ucm::join_rank(c, r, deadline_ns);
     if (j != Result::kBadState || now_ns() >= deadline_ns) return j;
     usleep(1000);  // a live process still holds it (it may be exiting)
   }

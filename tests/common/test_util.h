@@ -15,6 +15,7 @@
 #include "common/key.h"
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
+#include "ctrl/clock.h"
 #include "data/buffer_data.h"
 
 namespace ucm::test {
@@ -55,6 +56,14 @@ inline CtrlParams params(uint32_t regular, uint32_t reserved = 0, uint64_t slot_
   p.max_ranks = max_ranks;
   p.evict = evict;
   return p;
+}
+
+// The slot holding k, kNoSlot if none (a locked walk, for quiet tests:
+// a corrupt chain fails the test).
+inline uint32_t resident_slot(const BufferCtrl& c, const Key& k) {
+  uint32_t slot = kNoSlot;
+  EXPECT_EQ(chain_find_locked(c, bucket_of(k, c.bucket_mask()), k, &slot), Result::kOk) << last_error();
+  return slot;
 }
 
 // Re-attaches, in a child, to the parent's planes through their fds: a real

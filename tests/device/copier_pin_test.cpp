@@ -28,7 +28,7 @@ struct Rank {
 
   void open(const AsyncTestOptions& o) {
     test::make_cache(test::params(64, 0, kShard, 8, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0), Result::kOk) << last_error();
+    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
     CacheOptions co;
     cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
     SimOptions so;

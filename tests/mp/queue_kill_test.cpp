@@ -51,7 +51,7 @@ struct QueueRank {
 
   void open(const TestCache& parent, uint32_t rank) {
     attach_copy(parent, &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+    ASSERT_EQ(join_rank_retrying(planes.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
     CacheOptions co;
     co.rank = rank;
     co.liveness_slice_ms = 50;
@@ -123,7 +123,7 @@ TEST(QueueKill, SurvivorsTakeOverTheLoadsOfARankKilledWhileItOwnsThem) {
     ASSERT_EQ(me.store->counters().inflight_loads, kKeys) << "the victim's loads did not all start";
     for (uint32_t i = 0; i < kKeys; ++i) {
       const Key k = task_key(i);
-      const uint32_t slot = chain_find_locked(me.planes.ctrl, bucket_of(k, me.planes.ctrl.bucket_mask()), k);
+      const uint32_t slot = resident_slot(me.planes.ctrl, k);
       ASSERT_NE(slot, kNoSlot);
       const uint32_t w = me.planes.ctrl.slot(slot).word.load();
       ASSERT_EQ(word_state(w), State::kIdle);
@@ -182,7 +182,7 @@ TEST(QueueKill, SurvivorsTakeOverTheLoadsOfARankKilledWhileItOwnsThem) {
 
   // Whatever the dead rank left is recovered: the plane is clean, every
   // resident key holds its bytes, and a new process can take rank 1 again.
-  ASSERT_EQ(join_rank(tc.ctrl, kVictim, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  ASSERT_EQ(join_rank_retrying(tc.ctrl, kVictim, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
   tc.ctrl.leave(kVictim);
   QuiescentOptions o;
   o.check_bytes = [](const void* src, uint64_t bytes, const Key& k) -> int64_t {

@@ -281,7 +281,7 @@ class Worker {
     BlockId blocks[3];
     const uint32_t n = 1 + below(3);
     for (uint32_t j = 0; j < n; ++j) blocks[j] = workload_key(cfg_, pick_key()).block;
-    (void)cb_.touch(blocks, n);
+    (void)cb_.touch(blocks, n);  // a corrupt chain shows in get()
     rs_.touches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }

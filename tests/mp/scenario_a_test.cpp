@@ -80,7 +80,7 @@ std::vector<Key> task_keys(const BufferCtrl& c) {
 void run_rank(const TestCache& parent, uint32_t rank, bool rotate, const std::vector<Key>& keys, ScenarioShared* sh) {
   TestCache mine;
   attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank(mine.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
   CacheOptions o;
   o.rank = rank;
   CacheBuffer cb(&mine.ctrl, &mine.data, o);

@@ -38,7 +38,7 @@ double ms_between(uint64_t from_ns, uint64_t to_ns) {
 void join_as(const TestCache& parent, uint32_t rank, TestCache* mine) {
   attach_copy(parent, mine);
   if (::testing::Test::HasFatalFailure()) _exit(100);
-  if (const Result r = join_rank(mine->ctrl, rank, deadline_after_ms(kDeadlineMs)); r != Result::kOk) {
+  if (const Result r = join_rank_retrying(mine->ctrl, rank, deadline_after_ms(kDeadlineMs)); r != Result::kOk) {
     ADD_FAILURE() << "join as rank " << rank << ": " << result_name(r) << ": " << last_error();
     _exit(100);
   }
@@ -279,7 +279,7 @@ TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
 
   EXPECT_EQ(tc.ctrl.rank(1).state.load(), static_cast<uint32_t>(RankState::kFree));
   EXPECT_EQ(quiescent(tc), "");
-  EXPECT_EQ(chain_find_unlocked(tc.ctrl, bucket_of(K, tc.ctrl.bucket_mask()), K), slot) << "reloaded in place";
+  EXPECT_EQ(resident_slot(tc.ctrl, K), slot) << "reloaded in place";
   expect_hit(tc, 0, K);
 }
 
@@ -605,7 +605,7 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     sh->survivor_up.set(1);
     EXPECT_TRUE(sh->survivor_go.wait_ge(1, deadline_after_ms(kDeadlineMs)));
     sh->survivor_in.set(1);
-    EXPECT_EQ(reap_dead_ranks(mine.ctrl, 3, nullptr), Result::kOk) << last_error();
+    EXPECT_EQ(reap_dead_ranks(mine.ctrl, 3, nullptr, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
     mine.ctrl.leave(3);
   });
   ASSERT_TRUE(sh->survivor_up.wait_ge(1, deadline_after_ms(kDeadlineMs)));
@@ -617,7 +617,7 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     sh->join_first.store(static_cast<int32_t>(mine.ctrl.join(1)));
     sh->replacement_in_reap.store(1);
     sh->reaping.set(1);
-    const Result r = reap_dead_ranks(mine.ctrl, 1, nullptr);
+    const Result r = reap_dead_ranks(mine.ctrl, 1, nullptr, deadline_after_ms(kDeadlineMs));
     sh->replacement_in_reap.store(0);
     sh->reaped.set(1);
     ASSERT_EQ(r, Result::kOk) << last_error();
@@ -628,14 +628,14 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     mine.ctrl.leave(1);
   });
   ASSERT_TRUE(sh->reaping.wait_ge(1, deadline_after_ms(kDeadlineMs)));
-  std::atomic<uint32_t>& rlock = tc.ctrl.globals().recovery_lock;
+
   // The replacement holds the recovery lock now (under whatever holder id it
   // uses), unless it could finish without waiting for the bucket.
   uint32_t reaper = 0;
   {
     const uint64_t deadline = deadline_after_ms(kDeadlineMs);
     while (now_ns() < deadline && !sh->reaped.get()) {
-      const uint32_t h = lock_holder(rlock.load());
+      const uint32_t h = static_cast<uint32_t>(recovery_lock_holder(tc.ctrl));
       if (h != 0 && sh->replacement_in_reap.load()) {
         reaper = h;
         break;
@@ -651,7 +651,7 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
   for (int i = 0; i < 300 && stolen_by == 0 && reaper != 0; ++i) {
     // In reap before and after the read: the holder we read is not its successor's.
     const bool before = sh->replacement_in_reap.load();
-    const uint32_t h = lock_holder(rlock.load());
+    const uint32_t h = static_cast<uint32_t>(recovery_lock_holder(tc.ctrl));
     const bool after = sh->replacement_in_reap.load();
     if (before && after && h != reaper) stolen_by = h;
     usleep(1000);
@@ -700,7 +700,7 @@ TEST(SigKill, ChaosKillsRandomRanksWhileTheOthersKeepWorkingCorrectly) {
       TestCache mine;
       attach_copy(tc, &mine);
       // A replacement finds its rank still held by the dead: reap, then join.
-      const Result j = join_rank(mine.ctrl, r, deadline_after_ms(kDeadlineMs));
+      const Result j = join_rank_retrying(mine.ctrl, r, deadline_after_ms(kDeadlineMs));
       if (j != Result::kOk) {
         sh->error.report("rank %u: a new worker could not join: %s", r, last_error().c_str());
         return;

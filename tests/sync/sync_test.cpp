@@ -219,5 +219,32 @@ TEST(SharedLock, ADeadHolderIsReportedWithinASliceAndCanBeStolen) {
   munmap(s, 4096);
 }
 
+TEST(ProcessLock, AHolderIsNamedByPidAndStartTimeSoAReusedPidReadsDead) {
+  const ProcessIdentity self = self_identity();
+  ASSERT_NE(self.start_ticks, 0u) << "needs /proc";
+  const uint64_t me = process_lock_tag(self.pid, self.start_ticks);
+  // Our pid with another start time: a process that had this pid before us.
+  const uint64_t earlier = process_lock_tag(self.pid, self.start_ticks - 1);
+  EXPECT_TRUE(process_lock_holder_alive(me));
+  EXPECT_FALSE(process_lock_holder_alive(earlier));
+  EXPECT_EQ(process_lock_pid(earlier), self.pid);
+
+  std::atomic<uint64_t> w{earlier};
+  uint64_t dead = 0;
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(process_lock(&w, me, t0 + 5'000'000'000ull, 50'000'000, &dead), Result::kPeerDead);
+  EXPECT_LT(now_ns() - t0, 5'000'000'000ull) << "a dead holder is seen at once, not at the deadline";
+  EXPECT_EQ(dead, earlier);
+  EXPECT_TRUE(process_lock_steal(&w, dead, me));
+  EXPECT_EQ(process_lock_pid(w.load()), self.pid);
+  EXPECT_FALSE(process_lock_steal(&w, earlier, me)) << "only the named dead holder's lock is stolen";
+  // Held by a live process (us): a waiter ends at its deadline.
+  const uint64_t t1 = now_ns();
+  EXPECT_EQ(process_lock(&w, process_lock_tag(self.pid + 1, 7), t1 + 30'000'000, 10'000'000, &dead), Result::kTimeout);
+  EXPECT_GE(now_ns(), t1 + 30'000'000);
+  process_unlock(&w);
+  EXPECT_EQ(w.load(), 0u);
+}
+
 }  // namespace
 }  // namespace ucm::test
