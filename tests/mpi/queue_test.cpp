@@ -77,9 +77,14 @@ std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block,
 }
 
 TEST_F(Queue, ScenarioARotationGivesEveryRankAnEqualShareOfOwnerLoads) {
+  // Seed scenario A: each rank owns its stride. A peer's stride waits for that
+  // peer for owner_grace; with the default 1 ms a rank that a loaded CI machine
+  // started later than that lost its share (rank 1 owned 12 of 12), so the
+  // test gives a grace no scheduling delay reaches: it checks the protocol.
+  // The free-running balance is a benchmark figure (ucm_bench).
   const int n = world_size();
   if (12 % n != 0) GTEST_SKIP() << "12 shards do not split evenly over " << n << " ranks";
-  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7000);
+  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7000, 1, 0, 5'000'000);
   ASSERT_EQ(per_rank.size(), static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
 }
