@@ -157,6 +157,17 @@ Result config_from_env(ucm_config_t* c) {
   return Result::kOk;
 }
 
+namespace {
+// The int a C caller stored in an enum field of ucm_config_t, whatever it is.
+template <typename E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums of ucm.h are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+}  // namespace
+
 Result check_config(const ucm_config_t& c) {
   if (c.struct_bytes != sizeof(ucm_config_t))
     return fail(Result::kInvalidArg, "config.struct_bytes %u != %zu: initialize it with ucm_config_init()",
@@ -184,17 +195,21 @@ Result check_config(const ucm_config_t& c) {
   if (c.max_task_entries == 0) return fail(Result::kInvalidArg, "max_task_entries is 0");
   if (c.ranks_per_node > kMaxRanks)
     return fail(Result::kInvalidArg, "ranks_per_node %u exceeds %u ranks per node", c.ranks_per_node, kMaxRanks);
-  if (c.order != UCM_ORDER_ROTATE && c.order != UCM_ORDER_NATURAL)
-    return fail(Result::kInvalidArg, "order %d is neither rotate (0) nor natural (1)", static_cast<int>(c.order));
-  if (c.evict != UCM_EVICT_CLOCK && c.evict != UCM_EVICT_RING)
-    return fail(Result::kInvalidArg, "evict %d is neither clock (0) nor ring (1)", static_cast<int>(c.evict));
-  if (c.wait != UCM_WAIT_FUTEX && c.wait != UCM_WAIT_POLL)
-    return fail(Result::kInvalidArg, "wait %d is neither futex (0) nor poll (1)", static_cast<int>(c.wait));
+  // The caller may have stored any int in an enum field: read its bytes, since
+  // loading an enum outside its values is undefined behaviour in C++.
+  const int32_t order = enum_bits(c.order), evict = enum_bits(c.evict), wait = enum_bits(c.wait);
+  if (order != UCM_ORDER_ROTATE && order != UCM_ORDER_NATURAL)
+    return fail(Result::kInvalidArg, "order %d is neither rotate (0) nor natural (1)", order);
+  if (evict != UCM_EVICT_CLOCK && evict != UCM_EVICT_RING)
+    return fail(Result::kInvalidArg, "evict %d is neither clock (0) nor ring (1)", evict);
+  if (wait != UCM_WAIT_FUTEX && wait != UCM_WAIT_POLL)
+    return fail(Result::kInvalidArg, "wait %d is neither futex (0) nor poll (1)", wait);
   if (c.prealloc != 0 && c.prealloc != 1) return fail(Result::kInvalidArg, "prealloc %d is neither 0 nor 1", c.prealloc);
   if (c.allow_overcommit != 0 && c.allow_overcommit != 1)
     return fail(Result::kInvalidArg, "allow_overcommit %d is neither 0 nor 1", c.allow_overcommit);
-  if (c.hugepages != UCM_HUGEPAGES_AUTO && c.hugepages != UCM_HUGEPAGES_ON && c.hugepages != UCM_HUGEPAGES_OFF)
-    return fail(Result::kInvalidArg, "hugepages %d is not auto (0), on (1) or off (2)", static_cast<int>(c.hugepages));
+  const int32_t huge = enum_bits(c.hugepages);
+  if (huge != UCM_HUGEPAGES_AUTO && huge != UCM_HUGEPAGES_ON && huge != UCM_HUGEPAGES_OFF)
+    return fail(Result::kInvalidArg, "hugepages %d is not auto (0), on (1) or off (2)", huge);
   if (c.timeout_ms == 0) return fail(Result::kInvalidArg, "timeout_ms is 0");
   if (c.liveness_ms == 0) return fail(Result::kInvalidArg, "liveness_ms is 0");
   if (c.io_depth == 0) return fail(Result::kInvalidArg, "io_depth is 0");
@@ -205,9 +220,9 @@ Result check_config(const ucm_config_t& c) {
   if (c.segment_bytes > (256ull << 30))
     return fail(Result::kInvalidArg, "segment_bytes %" PRIu64 " exceeds 256 GiB (one registration of 512 GiB or "
                 "more fails on recent CUDA drivers)", c.segment_bytes);
-  if (static_cast<uint32_t>(c.copy_engine) > UCM_COPY_ENGINE_ASYNC_TEST)
-    return fail(Result::kInvalidArg, "copy_engine %d is not auto (0), cuda (1), host (2) or async-test (3)",
-                static_cast<int>(c.copy_engine));
+  const int32_t engine = enum_bits(c.copy_engine);
+  if (engine < 0 || engine > UCM_COPY_ENGINE_ASYNC_TEST)
+    return fail(Result::kInvalidArg, "copy_engine %d is not auto (0), cuda (1), host (2) or async-test (3)", engine);
   if (memchr(c.backend, '\0', sizeof(c.backend)) == nullptr)
     return fail(Result::kInvalidArg, "backend is not NUL-terminated within %zu bytes", sizeof(c.backend));
   if (c.backend[0] == '\0')

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "leak_check.h"
 #include "ucmcache/ucm.h"
 
 static double now_ms(void) {
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   printf("rank %d: %s\n", rank, ok ? "ok" : "WRONG");
   fflush(stdout);
   if (dead_mode) _exit(ok ? 0 : 1);
+  leak_check_before_mpi_finalize();
   MPI_Finalize();
   return ok ? 0 : 1;
 }

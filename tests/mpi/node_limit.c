@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "leak_check.h"
 #include "ucmcache/ucm.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   int all = 0;
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   if (rank == 0) printf("%s\n", all ? "ok: every rank got the node limit's error" : "FAIL: some rank did not");
+  leak_check_before_mpi_finalize();
   MPI_Finalize();
   return all ? 0 : 1;
 }
