@@ -10,13 +10,15 @@
 # removed); a request for the next major (MAJOR+1.0) must be
 # refused by ucmcacheConfigVersion.cmake.
 #
-# usage: install_test.sh SOURCE_ROOT BUILD_ROOT MESON CC VERSION SANITIZE CMAKE|none
+# With MAN=man, the man pages ucm_info(1) and ucmcache(7) must be installed.
+#
+# usage: install_test.sh SOURCE_ROOT BUILD_ROOT MESON CC VERSION SANITIZE CMAKE|none MAN|noman
 #   SANITIZE is the build's b_sanitize value ("none", "address,undefined", ...);
 #   the consumer is built with the same -fsanitize flags so that a sanitized
 #   libucmcache.so finds its runtime.
 set -euo pipefail
 
-src_root=$1 build_root=$2 meson=$3 cc=$4 version=$5 sanitize=$6 cmake=${7:-none}
+src_root=$1 build_root=$2 meson=$3 cc=$4 version=$5 sanitize=$6 cmake=${7:-none} man=${8:-noman}
 here="$src_root/tests/install"
 
 fail() { echo "install_test: FAIL: $*" >&2; exit 1; }
@@ -36,6 +38,13 @@ header=$(find "$stage/root" -path '*/include/ucmcache/ucm.h' | head -n 1)
 [[ -n "$header" ]] || fail "ucmcache/ucm.h not installed"
 echo "installed: ${pc#"$stage/root"}"
 echo "installed: ${header#"$stage/root"}"
+if [[ "$man" == man ]]; then
+  for page in man1/ucm_info.1 man7/ucmcache.7; do
+    found=$(find "$stage/root" -path "*/share/man/$page" | head -n 1)
+    [[ -n "$found" ]] || fail "man page $page not installed"
+    echo "installed: ${found#"$stage/root"}"
+  done
+fi
 
 # The installed .pc names the configured prefix (/usr/local by default), which is
 # not where the staged copy is. Relocate a copy of it by rewriting `prefix=` only:

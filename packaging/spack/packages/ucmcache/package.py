@@ -32,6 +32,7 @@ class Ucmcache(MesonPackage):
     depends_on("pkgconfig", type="build")
     # Meson's cmake module needs cmake to write ucmcacheConfigVersion.cmake.
     depends_on("cmake", type="build")
+    depends_on("scdoc", type="build")  # the man pages
     depends_on("mpi")
     depends_on("hwloc@2:", when="+hwloc")
     depends_on("cuda", when="+cuda")
@@ -46,6 +47,7 @@ class Ucmcache(MesonPackage):
 
         args = [
             "-Dmpi=enabled",
+            "-Dman=enabled",
             feature("cuda"),
             feature("hwloc"),
             feature("nccl"),
