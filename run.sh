@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 PACKAGES=(openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
-          libgtest-dev libgmock-dev libbenchmark-dev g++)
+          libgtest-dev libgmock-dev libbenchmark-dev g++ cmake scdoc)
 PREFIX=${UCM_BUILD_PREFIX:-build}
 JOBS=${UCM_JOBS:-$(nproc)}
 

@@ -253,7 +253,7 @@ void Cache::info(ucm_cache_info_t* out) const {
   out->scheduler = scheduler() ? 1 : 0;
   out->hugetlb = data_.hugetlb() ? 1 : 0;
   out->cuda_built = UCM_HAVE_CUDA;
-  out->nccl_built = UCM_HAVE_NCCL;
+  out->nccl_built = device_status_.nccl_built ? 1 : 0;
   out->hwloc_built = UCM_HAVE_HWLOC;
   out->visible_devices = device_status_.visible_devices;
   out->threads_bound = placement_.enabled ? 1 : 0;

@@ -42,8 +42,19 @@ DeviceStatus device_status() {
 #else
   s.cuda_error = "built without CUDA";
 #endif
-  s.nccl_built = UCM_HAVE_NCCL;
+  // Finding NCCL at configure time is not using it: no code of the library
+  // calls NCCL yet, so the library does not link it and says it is not built.
+  s.nccl_built = false;
   return s;
+}
+
+std::vector<std::string> gpu_bus_ids(std::string* why) {
+#if UCM_HAVE_CUDA
+  return cuda_bus_ids(why);
+#else
+  *why = "built without CUDA";
+  return {};
+#endif
 }
 
 Result make_copy_engine(const EngineChoice& c, std::unique_ptr<CopyEngine>* out, EngineTaken* taken) {

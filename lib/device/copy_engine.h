@@ -78,13 +78,17 @@ class CopyEngine {
 
 struct DeviceStatus {
   bool cuda_built = false;
-  bool nccl_built = false;
+  bool nccl_built = false;    // the library calls NCCL (no code does yet: always false)
   int visible_devices = 0;    // 0 without CUDA, or when the runtime reports an error
   bool driver_present = false;// a GPU driver is loaded (/proc/driver/nvidia): a node with GPUs
   std::string cuda_error;     // why there are no devices, when CUDA is built
 };
 
 DeviceStatus device_status();
+
+// PCI bus ids ("0000:17:00.0") of the visible GPUs, in ordinal order; empty
+// with *why set when CUDA is not built or the runtime reports an error.
+std::vector<std::string> gpu_bus_ids(std::string* why);
 
 enum class EngineKind : int32_t {
   kAuto = 0,       // CUDA where the node has GPUs; host only where it has none (no driver)

@@ -466,6 +466,22 @@ int cuda_visible_devices(std::string* why) {
   return n;
 }
 
+std::vector<std::string> cuda_bus_ids(std::string* why) {
+  std::vector<std::string> ids;
+  const int n = cuda_visible_devices(why);
+  for (int d = 0; d < n; ++d) {
+    char bus[32] = {};
+    const cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof(bus), d);
+    if (e != cudaSuccess) {
+      *why = "device " + std::to_string(d) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+      (void)cudaGetLastError();
+      return {};
+    }
+    ids.emplace_back(bus);
+  }
+  return ids;
+}
+
 bool cuda_app_current_device(int* dev) {
   const DriverCalls& d = driver_calls();
   CuContext ctx = nullptr;

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "device/copy_engine.h"
 
@@ -26,6 +27,8 @@ namespace ucm {
 // Number of visible devices; 0 with *why set when the runtime reports an error
 // (no driver answers with "insufficient driver", not "no device").
 int cuda_visible_devices(std::string* why);
+// The visible devices' PCI bus ids in ordinal order (empty, *why set, on error).
+std::vector<std::string> cuda_bus_ids(std::string* why);
 // True when the calling thread has a current CUDA context (the app chose a
 // device); *dev is then its ordinal.
 bool cuda_app_current_device(int* dev);

@@ -1,0 +1,58 @@
+# Spack recipe for ucmcache, kept in the source tree:
+#
+#   spack repo add packaging/spack
+#   spack install ucmcache@main +cuda +hwloc ^openmpi
+#
+# Each variant is a feature option of meson_options.txt with the same name;
+# every other option is passed explicitly. tests/install/spack_test.py checks
+# both against meson_options.txt.
+from spack.package import *
+
+
+class Ucmcache(MesonPackage):
+    """Node-shared host-memory cache of KV-cache shards for multi-GPU MPI
+    inference: a C++20 library with a C API."""
+
+    # Placeholders: set them to where the project is published.
+    homepage = "https://github.com/ucmcache/ucmcache"
+    git = "https://github.com/ucmcache/ucmcache.git"
+
+    license("Apache-2.0")
+
+    version("main", branch="main")
+
+    variant("cuda", default=True, description="Build the CUDA copy engine against the CUDA runtime")
+    variant("hwloc", default=True, description="Pin the queue threads near each GPU with hwloc")
+    variant("nccl", default=False, description="Look for NCCL (the library does not call it yet)")
+
+    conflicts("+nccl", when="~cuda", msg="nccl needs cuda")
+
+    depends_on("meson@1.0:", type="build")
+    depends_on("ninja", type="build")
+    depends_on("pkgconfig", type="build")
+    # Meson's cmake module needs cmake to write ucmcacheConfigVersion.cmake.
+    depends_on("cmake", type="build")
+    depends_on("scdoc", type="build")  # the man pages
+    depends_on("mpi")
+    depends_on("hwloc@2:", when="+hwloc")
+    depends_on("cuda", when="+cuda")
+    depends_on("nccl", when="+nccl")
+    depends_on("googletest", type="test")
+
+    def meson_args(self):
+        spec = self.spec
+
+        def feature(name):
+            return "-D{0}={1}".format(name, "enabled" if spec.satisfies("+" + name) else "disabled")
+
+        args = [
+            "-Dmpi=enabled",
+            "-Dman=enabled",
+            feature("cuda"),
+            feature("hwloc"),
+            feature("nccl"),
+            "-Dtests={0}".format("true" if self.run_tests else "false"),
+        ]
+        if spec.satisfies("+nccl"):
+            args.append("-Dnccl_prefix={0}".format(spec["nccl"].prefix))
+        return args
