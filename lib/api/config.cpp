@@ -97,11 +97,73 @@ const char* huge_name(ucm_hugepages_t h) {
   return h == UCM_HUGEPAGES_ON ? "on" : h == UCM_HUGEPAGES_OFF ? "off" : "auto";
 }
 
+// The caller's header version against the library's: newer headers than the
+// library cannot work (they may rely on fields or calls it lacks).
+Result check_version(uint32_t version) {
+  if (version == 0)
+    return fail(Result::kInvalidArg, "config.version is 0: the config was not made by ucm_config_init()");
+  if (version > UCM_VERSION_CODE)
+    return fail(Result::kUnsupported,
+                "the app was built with ucmcache %u.%u.%u headers (UCM_VERSION_CODE %u), newer than this library, "
+                "ucmcache %s (%d): run it with a library at least as new as the headers it was built with",
+                version / 10000, version / 100 % 100, version % 100, version, UCM_VERSION_STRING, UCM_VERSION_CODE);
+  return Result::kOk;
+}
+
 }  // namespace
+
+Result check_struct_bytes(const char* what, const char* type, uint64_t bytes, size_t first, size_t current) {
+  if (bytes < first)
+    return fail(Result::kInvalidArg,
+                "%s %" PRIu64 " is smaller than %zu, the first %s this library accepts (ucmcache %s, whose %s is %zu "
+                "bytes): %s",
+                what, bytes, first, type, UCM_VERSION_STRING, type, current,
+                std::strcmp(type, "ucm_config_t") == 0 ? "initialize the config with ucm_config_init()"
+                                                       : "set it to sizeof the struct");
+  if (bytes > current)
+    return fail(Result::kInvalidArg,
+                "%s %" PRIu64 " is larger than %zu, the %s of this library (ucmcache %s): the app was built with a "
+                "newer ucmcache header than the library it runs with",
+                what, bytes, current, type, UCM_VERSION_STRING);
+  return Result::kOk;
+}
+
+Result config_init(ucm_config_t* out, size_t struct_bytes, uint32_t version) {
+  if (!out) return fail(Result::kNullPointer, "config is NULL");
+  UCM_CHECK(check_version(version));
+  UCM_CHECK(check_struct_bytes("sizeof(ucm_config_t) in the app", "ucm_config_t", struct_bytes, kConfigFirstBytes,
+                               sizeof(ucm_config_t)));
+  ucm_config_t defaults;
+  config_defaults(&defaults);
+  defaults.struct_bytes = static_cast<uint32_t>(struct_bytes);
+  defaults.version = version;
+  ucm_config_t with_env = defaults;
+  const Result r = config_from_env(&with_env);
+  // An older caller's struct ends early: only its own bytes are written.
+  std::memcpy(out, ok(r) ? &with_env : &defaults, struct_bytes);
+  return r;
+}
+
+Result config_read(const ucm_config_t* in, ucm_config_t* out) {
+  config_defaults(out);
+  if (!in) return fail(Result::kNullPointer, "config is NULL (use ucm_config_init)");
+  UCM_CHECK(check_struct_bytes("config.struct_bytes", "ucm_config_t", in->struct_bytes, kConfigFirstBytes,
+                               sizeof(ucm_config_t)));
+  UCM_CHECK(check_version(in->version));
+  ucm_config_t whole = *out;
+  // The fields an older caller's struct lacks: defaults, then their UCM_*
+  // variables, as ucm_config_init would have set them.
+  if (in->struct_bytes < sizeof(ucm_config_t)) UCM_CHECK(config_from_env(&whole));
+  std::memcpy(&whole, in, in->struct_bytes);
+  whole.struct_bytes = sizeof(ucm_config_t);
+  *out = whole;
+  return Result::kOk;
+}
 
 void config_defaults(ucm_config_t* c) {
   std::memset(c, 0, sizeof(*c));
   c->struct_bytes = sizeof(ucm_config_t);
+  c->version = UCM_VERSION_CODE;
   c->shards_per_block = 64;
   c->shard_bytes = kMiB;
   c->cache_bytes = 1024 * kMiB;
@@ -158,9 +220,6 @@ Result config_from_env(ucm_config_t* c) {
 }
 
 Result check_config(const ucm_config_t& c) {
-  if (c.struct_bytes != sizeof(ucm_config_t))
-    return fail(Result::kInvalidArg, "config.struct_bytes %u != %zu: initialize it with ucm_config_init()",
-                c.struct_bytes, sizeof(ucm_config_t));
   if (c.shards_per_block == 0 || c.shards_per_block >= kEmptyShard)
     return fail(Result::kInvalidArg, "shards_per_block %u is out of range 1..%u", c.shards_per_block, kEmptyShard - 1);
   if (c.shard_bytes == 0) return fail(Result::kInvalidArg, "shard_bytes is 0");
