@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -239,10 +240,13 @@ Result Cache::finalize(uint64_t deadline_ns) {
   return r;
 }
 
-void Cache::info(ucm_cache_info_t* out) const {
-  const uint32_t bytes = out->struct_bytes;
+void Cache::info(ucm_cache_info_t* caller) const {
+  // Filled whole here, then copied as far as the caller's struct goes (an
+  // older caller's is smaller: see ucm_base.h).
+  ucm_cache_info_t whole;
+  ucm_cache_info_t* out = &whole;
   std::memset(out, 0, sizeof(*out));
-  out->struct_bytes = bytes;
+  out->struct_bytes = caller->struct_bytes;
   out->rank = node_.rank;
   out->size = node_.size;
   out->local_rank = node_.local_rank;
@@ -276,6 +280,7 @@ void Cache::info(ucm_cache_info_t* out) const {
                   config_.allow_overcommit ? "not populated (allow_overcommit)" : "populated at init");
   else
     std::snprintf(out->pages, sizeof(out->pages), "no data plane on this rank (scheduler)");
+  std::memcpy(caller, &whole, std::min<size_t>(caller->struct_bytes, sizeof(whole)));
 }
 
 }  // namespace ucm
@@ -408,23 +413,26 @@ void percentiles(const uint64_t* hist, ucm_stats_t* s) {
 }  // namespace
 
 void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
+  // Each is summed whole, then copied as far as the caller's struct goes.
   if (rank) {
-    const uint32_t bytes = rank->struct_bytes;
-    std::memset(rank, 0, sizeof(*rank));
-    rank->struct_bytes = bytes;
-    rank->ranks = 1;
+    ucm_stats_t s;
+    std::memset(&s, 0, sizeof(s));
+    s.struct_bytes = rank->struct_bytes;
+    s.ranks = 1;
     uint64_t hist[32] = {};
-    add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, rank, hist);
-    percentiles(hist, rank);
+    add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, &s, hist);
+    percentiles(hist, &s);
+    std::memcpy(rank, &s, std::min<size_t>(rank->struct_bytes, sizeof(s)));
   }
   if (node) {
-    const uint32_t bytes = node->struct_bytes;
-    std::memset(node, 0, sizeof(*node));
-    node->struct_bytes = bytes;
-    node->ranks = ctrl_.max_ranks();
+    ucm_stats_t s;
+    std::memset(&s, 0, sizeof(s));
+    s.struct_bytes = node->struct_bytes;
+    s.ranks = ctrl_.max_ranks();
     uint64_t hist[32] = {};
-    for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, node, hist);
-    percentiles(hist, node);
+    for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, &s, hist);
+    percentiles(hist, &s);
+    std::memcpy(node, &s, std::min<size_t>(node->struct_bytes, sizeof(s)));
   }
 }
 

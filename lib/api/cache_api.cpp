@@ -20,10 +20,11 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
     // its peers return the same error instead of waiting for it.
     ucm::Result arg = ucm::Result::kOk;
     if (!cache) arg = ucm::fail(ucm::Result::kNullPointer, "cache (the output handle) is NULL");
-    else if (!config) arg = ucm::fail(ucm::Result::kNullPointer, "config is NULL (use ucm_config_init)");
+    // The caller's config as a whole one (an older caller's is smaller); on
+    // failure cfg holds the defaults, and the failure is this rank's status.
     ucm_config_t cfg;
-    if (config) cfg = *config;
-    else ucm::config_defaults(&cfg);
+    const ucm::Result read = ucm::config_read(config, &cfg);
+    if (ucm::ok(arg)) arg = read;
     auto impl = std::make_unique<ucm::Cache>();
     UCM_CHECK(impl->init(comm, cfg, arg));
     *cache = ucm::register_handle(std::move(impl));
@@ -56,9 +57,8 @@ UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info) {
   return ucm::cache_call(cache, "ucm_cache_info", [&](ucm::Cache& c) {
     if (!info) return ucm::fail(ucm::Result::kNullPointer, "info is NULL");
-    if (info->struct_bytes != sizeof(ucm_cache_info_t))
-      return ucm::fail(ucm::Result::kInvalidArg, "info->struct_bytes %u != %zu: set it to sizeof(ucm_cache_info_t)",
-                       info->struct_bytes, sizeof(ucm_cache_info_t));
+    UCM_CHECK(ucm::check_struct_bytes("info->struct_bytes", "ucm_cache_info_t", info->struct_bytes,
+                                      ucm::kCacheInfoFirstBytes, sizeof(ucm_cache_info_t)));
     c.info(info);
     return ucm::Result::kOk;
   });

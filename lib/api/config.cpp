@@ -51,132 +51,308 @@ bool parse_int(const char* s, int64_t lo, int64_t hi, int64_t* out) {
   return true;
 }
 
-Result env_size(const char* name, uint64_t* field) {
-  const char* v = std::getenv(name);
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+constexpr const char* kOrderNames[] = {"rotate", "natural", nullptr};
+constexpr const char* kEvictNames[] = {"clock", "ring", nullptr};
+constexpr const char* kWaitNames[] = {"futex", "poll", nullptr};
+constexpr const char* kHugeNames[] = {"auto", "on", "off", nullptr};
+constexpr const char* kCopyEngineNames[] = {"auto", "cuda", "host", "async-test", nullptr};
+
+#define UCM_FIELD(f) static_cast<uint32_t>(offsetof(ucm_config_t, f)), static_cast<uint32_t>(sizeof(ucm_config_t::f))
+using T = TunableType;
+
+// The one table. Bounds: what the library can hold (a slot count below 2^31,
+// a block addressable by off_t, one registration below 512 GiB) is checked
+// across fields in check_config; the rows bound each field alone.
+constexpr Tunable kTable[] = {
+    {"shard_bytes", "UCM_SHARD_BYTES", T::kSize, UCM_FIELD(shard_bytes), int64_t{kMiB}, 1, int64_t{1} << 32, nullptr,
+     true, "bytes per shard and per cache slot (at most 4 GiB)"},
+    {"cache_bytes", "UCM_CACHE_BYTES", T::kSize, UCM_FIELD(cache_bytes), kGiB, 1, int64_t{1} << 50, nullptr, true,
+     "the node's regular pool of slots"},
+    {"shards_per_block", "UCM_SHARDS_PER_BLOCK", T::kUint, UCM_FIELD(shards_per_block), 64, 1, kEmptyShard - 1,
+     nullptr, true, "shard indexes of a block are below this"},
+    {"reserved_slots", "UCM_RESERVED_SLOTS", T::kUint, UCM_FIELD(reserved_slots), 64, 0, 1 << 24, nullptr, true,
+     "slots only preallocation may use"},
+    {"max_task_entries", "UCM_MAX_TASK_ENTRIES", T::kUint, UCM_FIELD(max_task_entries), 4096, 1, 1 << 24, nullptr,
+     true, "entries, blocks or keys in one call at most"},
+    {"device_id", "UCM_DEVICE_ID", T::kDevice, UCM_FIELD(device_id), UCM_DEVICE_AUTO, INT32_MIN, 1 << 20, nullptr,
+     false, "a GPU ordinal, auto (local rank modulo visible GPUs), or < 0: a scheduler rank"},
+    {"ranks_per_node", "UCM_RANKS_PER_NODE", T::kUint, UCM_FIELD(ranks_per_node), 0, 0, kMaxRanks, nullptr, true,
+     "split a machine into pretend nodes of this many ranks (0: the real node)"},
+    {"order", "UCM_ORDER", T::kEnum, UCM_FIELD(order), UCM_ORDER_ROTATE, 0, 1, kOrderNames, true,
+     "the order each rank walks a task's shards"},
+    {"evict", "UCM_EVICT", T::kEnum, UCM_FIELD(evict), UCM_EVICT_CLOCK, 0, 1, kEvictNames, true,
+     "the eviction policy"},
+    {"wait", "UCM_WAIT", T::kEnum, UCM_FIELD(wait), UCM_WAIT_FUTEX, 0, 1, kWaitNames, true,
+     "how a rank waits for a peer's shard"},
+    {"prealloc", "UCM_PREALLOC", T::kInt, UCM_FIELD(prealloc), 1, 0, 1, nullptr, true,
+     "1: owners claim slots ahead of their loads"},
+    {"hugepages", "UCM_HUGEPAGES", T::kEnum, UCM_FIELD(hugepages), UCM_HUGEPAGES_AUTO, 0, 2, kHugeNames, true,
+     "2 MiB pages for the data plane"},
+    {"bind_threads", "UCM_BIND", T::kInt, UCM_FIELD(bind_threads), 1, 0, 1, nullptr, false,
+     "1: pin queue threads near the GPU"},
+    {"timeout_ms", "UCM_TIMEOUT_MS", T::kUint, UCM_FIELD(timeout_ms), 30000, 1, 86400000, nullptr, false,
+     "bound on init and on any wait for a peer"},
+    {"liveness_ms", "UCM_LIVENESS_MS", T::kUint, UCM_FIELD(liveness_ms), 50, 1, 60000, nullptr, true,
+     "how often a waiter checks that its peer lives"},
+    {"load_retries", "UCM_LOAD_RETRIES", T::kUint, UCM_FIELD(load_retries), 2, 0, 100, nullptr, false,
+     "owner retries of a failed backend load"},
+    {"io_depth", "UCM_IO_DEPTH", T::kUint, UCM_FIELD(io_depth), 16, 1, 1 << 16, nullptr, false,
+     "backend loads in flight per rank"},
+    {"owner_grace_us", "UCM_OWNER_GRACE_US", T::kUint, UCM_FIELD(owner_grace_us), 1000, 0, 10000000, nullptr, false,
+     "how long a peer's share of a task waits for that peer before this rank loads it"},
+    {"segment_bytes", "UCM_SEGMENT_BYTES", T::kSize, UCM_FIELD(segment_bytes), kGiB, 1, int64_t{256} << 30, nullptr,
+     true, "data-plane segment size bound (one registration of 512 GiB or more fails on recent CUDA drivers)"},
+    {"backend", "UCM_BACKEND", T::kString, UCM_FIELD(backend), 0, 0, sizeof(ucm_config_t::backend) - 1, nullptr,
+     true, "the store: posix:/dir[,depth=8] or sim:latency_us=... (no default)"},
+    {"copy_engine", "UCM_COPY_ENGINE", T::kEnum, UCM_FIELD(copy_engine), UCM_COPY_ENGINE_AUTO, 0, 3,
+     kCopyEngineNames, false, "what copies slots to the app's buffers (async-test: tests only)"},
+    {"allow_overcommit", "UCM_OVERCOMMIT", T::kInt, UCM_FIELD(allow_overcommit), 0, 0, 1, nullptr, false,
+     "1: map the data plane lazily, unchecked against the node's memory"},
+};
+#undef UCM_FIELD
+
+constexpr size_t kTableSize = sizeof(kTable) / sizeof(kTable[0]);
+
+constexpr int layout_rows() {
+  int n = 0;
+  for (const Tunable& t : kTable) n += t.layout ? 1 : 0;
+  return n;
+}
+static_assert(layout_rows() == AgreementRecord::kFields, "AgreementRecord::kFields must count the table's layout rows");
+// Every field but struct_bytes and version is a row (their sizes add up).
+constexpr size_t row_bytes() {
+  size_t n = 0;
+  for (const Tunable& t : kTable) n += t.bytes;
+  return n;
+}
+static_assert(row_bytes() + 2 * sizeof(uint32_t) == sizeof(ucm_config_t), "a ucm_config_t field has no tunable row");
+
+void* field(ucm_config_t* c, const Tunable& t) { return reinterpret_cast<char*>(c) + t.offset; }
+const void* field(const ucm_config_t& c, const Tunable& t) { return reinterpret_cast<const char*>(&c) + t.offset; }
+
+void set_value(ucm_config_t* c, const Tunable& t, int64_t v) {
+  switch (t.type) {
+    case T::kUint: {
+      const uint32_t x = static_cast<uint32_t>(v);
+      std::memcpy(field(c, t), &x, sizeof(x));
+      break;
+    }
+    case T::kInt:
+    case T::kEnum:
+    case T::kDevice: {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(field(c, t), &x, sizeof(x));
+      break;
+    }
+    case T::kSize: {
+      const uint64_t x = static_cast<uint64_t>(v);
+      std::memcpy(field(c, t), &x, sizeof(x));
+      break;
+    }
+    case T::kString:
+      std::memset(field(c, t), 0, t.bytes);
+      break;
+  }
+}
+
+// The bounds as text, for messages: "1..65536", "rotate|natural".
+std::string bounds_text(const Tunable& t) {
+  if (t.type == T::kEnum) {
+    std::string s;
+    for (int i = 0; t.names[i]; ++i) s += (i ? "|" : "") + std::string(t.names[i]);
+    return s;
+  }
+  std::string s = std::to_string(t.lo) + ".." + std::to_string(t.hi);
+  return t.type == T::kDevice ? "auto or " + s : s;
+}
+
+// One variable into its field; an error names the variable and its value.
+Result env_one(const Tunable& t, ucm_config_t* c) {
+  const char* v = std::getenv(t.env);
   if (!v) return Result::kOk;
-  if (!parse_size(v, field)) return fail(Result::kInvalidArg, "%s=%s is not a size (bytes, or with K/M/G)", name, v);
-  return Result::kOk;
-}
-
-template <typename T>
-Result env_int(const char* name, int64_t lo, int64_t hi, T* field) {
-  const char* v = std::getenv(name);
-  if (!v) return Result::kOk;
-  int64_t x = 0;
-  if (!parse_int(v, lo, hi, &x))
-    return fail(Result::kInvalidArg, "%s=%s is not an integer in %" PRId64 "..%" PRId64, name, v, lo, hi);
-  *field = static_cast<T>(x);
-  return Result::kOk;
-}
-
-template <typename T>
-Result env_enum(const char* name, const char* a, const char* b, const char* c, T* field) {
-  const char* v = std::getenv(name);
-  if (!v) return Result::kOk;
-  if (!std::strcmp(v, a)) *field = static_cast<T>(0);
-  else if (!std::strcmp(v, b)) *field = static_cast<T>(1);
-  else if (c && !std::strcmp(v, c)) *field = static_cast<T>(2);
-  else return fail(Result::kInvalidArg, "%s=%s is not one of %s|%s%s%s", name, v, a, b, c ? "|" : "", c ? c : "");
-  return Result::kOk;
-}
-
-constexpr const char* kCopyEngineNames[] = {"auto", "cuda", "host", "async-test"};
-
-Result env_copy_engine(ucm_copy_engine_t* field) {
-  const char* v = std::getenv("UCM_COPY_ENGINE");
-  if (!v) return Result::kOk;
-  for (int i = 0; i < 4; ++i)
-    if (!std::strcmp(v, kCopyEngineNames[i])) return *field = static_cast<ucm_copy_engine_t>(i), Result::kOk;
-  return fail(Result::kInvalidArg, "UCM_COPY_ENGINE=%s is not one of auto|cuda|host|async-test", v);
-}
-
-const char* order_name(ucm_order_t o) { return o == UCM_ORDER_NATURAL ? "natural" : "rotate"; }
-const char* evict_name(ucm_evict_t e) { return e == UCM_EVICT_RING ? "ring" : "clock"; }
-const char* wait_name(ucm_wait_t w) { return w == UCM_WAIT_POLL ? "poll" : "futex"; }
-const char* huge_name(ucm_hugepages_t h) {
-  return h == UCM_HUGEPAGES_ON ? "on" : h == UCM_HUGEPAGES_OFF ? "off" : "auto";
-}
-
-}  // namespace
-
-void config_defaults(ucm_config_t* c) {
-  std::memset(c, 0, sizeof(*c));
-  c->struct_bytes = sizeof(ucm_config_t);
-  c->shards_per_block = 64;
-  c->shard_bytes = kMiB;
-  c->cache_bytes = 1024 * kMiB;
-  c->reserved_slots = 64;
-  c->max_task_entries = 4096;
-  c->device_id = UCM_DEVICE_AUTO;
-  c->ranks_per_node = 0;
-  c->order = UCM_ORDER_ROTATE;
-  c->evict = UCM_EVICT_CLOCK;
-  c->wait = UCM_WAIT_FUTEX;
-  c->prealloc = 1;
-  c->hugepages = UCM_HUGEPAGES_AUTO;
-  c->bind_threads = 1;
-  c->timeout_ms = 30000;
-  c->liveness_ms = 50;
-  c->load_retries = 2;
-  c->io_depth = 16;
-  c->owner_grace_us = 1000;
-  c->segment_bytes = 1024 * kMiB;
-  c->copy_engine = UCM_COPY_ENGINE_AUTO;
-  c->allow_overcommit = 0;
-}
-
-Result config_from_env(ucm_config_t* c) {
-  UCM_CHECK(env_int("UCM_SHARDS_PER_BLOCK", 1, 0xfffffffe, &c->shards_per_block));
-  UCM_CHECK(env_size("UCM_SHARD_BYTES", &c->shard_bytes));
-  UCM_CHECK(env_size("UCM_CACHE_BYTES", &c->cache_bytes));
-  UCM_CHECK(env_int("UCM_RESERVED_SLOTS", 0, 1 << 24, &c->reserved_slots));
-  UCM_CHECK(env_int("UCM_MAX_TASK_ENTRIES", 1, 1 << 24, &c->max_task_entries));
-  if (const char* v = std::getenv("UCM_DEVICE_ID"); v && !std::strcmp(v, "auto")) c->device_id = UCM_DEVICE_AUTO;
-  else UCM_CHECK(env_int("UCM_DEVICE_ID", -1, 1 << 20, &c->device_id));
-  UCM_CHECK(env_int("UCM_RANKS_PER_NODE", 0, kMaxRanks, &c->ranks_per_node));
-  UCM_CHECK(env_enum("UCM_ORDER", "rotate", "natural", nullptr, &c->order));
-  UCM_CHECK(env_enum("UCM_EVICT", "clock", "ring", nullptr, &c->evict));
-  UCM_CHECK(env_enum("UCM_WAIT", "futex", "poll", nullptr, &c->wait));
-  UCM_CHECK(env_int("UCM_PREALLOC", 0, 1, &c->prealloc));
-  UCM_CHECK(env_enum("UCM_HUGEPAGES", "auto", "on", "off", &c->hugepages));
-  UCM_CHECK(env_int("UCM_BIND", 0, 1, &c->bind_threads));
-  UCM_CHECK(env_int("UCM_TIMEOUT_MS", 1, 86400000, &c->timeout_ms));
-  UCM_CHECK(env_int("UCM_LIVENESS_MS", 1, 60000, &c->liveness_ms));
-  UCM_CHECK(env_int("UCM_LOAD_RETRIES", 0, 100, &c->load_retries));
-  UCM_CHECK(env_int("UCM_IO_DEPTH", 1, 1 << 16, &c->io_depth));
-  UCM_CHECK(env_int("UCM_OWNER_GRACE_US", 0, 10000000, &c->owner_grace_us));
-  UCM_CHECK(env_size("UCM_SEGMENT_BYTES", &c->segment_bytes));
-  UCM_CHECK(env_copy_engine(&c->copy_engine));
-  UCM_CHECK(env_int("UCM_OVERCOMMIT", 0, 1, &c->allow_overcommit));
-  if (const char* v = std::getenv("UCM_BACKEND")) {
-    if (std::strlen(v) >= sizeof(c->backend))
-      return fail(Result::kInvalidArg, "UCM_BACKEND is %zu characters, at most %zu fit", std::strlen(v),
-                  sizeof(c->backend) - 1);
-    std::snprintf(c->backend, sizeof(c->backend), "%s", v);
+  switch (t.type) {
+    case T::kSize: {
+      uint64_t x = 0;
+      if (!parse_size(v, &x) || x < static_cast<uint64_t>(t.lo) || x > static_cast<uint64_t>(t.hi))
+        return fail(Result::kInvalidArg, "%s=%s is not a size in %s (bytes, or with K/M/G/T)", t.env, v,
+                    bounds_text(t).c_str());
+      set_value(c, t, static_cast<int64_t>(x));
+      return Result::kOk;
+    }
+    case T::kUint:
+    case T::kInt:
+    case T::kDevice: {
+      if (t.type == T::kDevice && !std::strcmp(v, "auto")) return set_value(c, t, UCM_DEVICE_AUTO), Result::kOk;
+      int64_t x = 0;
+      if (!parse_int(v, t.lo, t.hi, &x))
+        return fail(Result::kInvalidArg, "%s=%s is not an integer in %s", t.env, v, bounds_text(t).c_str());
+      set_value(c, t, x);
+      return Result::kOk;
+    }
+    case T::kEnum:
+      for (int i = 0; t.names[i]; ++i)
+        if (!std::strcmp(v, t.names[i])) return set_value(c, t, i), Result::kOk;
+      return fail(Result::kInvalidArg, "%s=%s is not one of %s", t.env, v, bounds_text(t).c_str());
+    case T::kString:
+      if (std::strlen(v) > static_cast<size_t>(t.hi))
+        return fail(Result::kInvalidArg, "%s is %zu characters, at most %" PRId64 " fit", t.env, std::strlen(v), t.hi);
+      std::memset(field(c, t), 0, t.bytes);
+      std::memcpy(field(c, t), v, std::strlen(v));
+      return Result::kOk;
   }
   return Result::kOk;
 }
 
-namespace {
-// The int a C caller stored in an enum field of ucm_config_t, whatever it is.
-template <typename E>
-int32_t enum_bits(const E& e) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums of ucm.h are int-sized");
-  int32_t v;
-  std::memcpy(&v, &e, sizeof(v));
-  return v;
+// The caller's header version against the library's: newer headers than the
+// library cannot work (they may rely on fields or calls it lacks).
+Result check_version(uint32_t version) {
+  if (version == 0)
+    return fail(Result::kInvalidArg, "config.version is 0: the config was not made by ucm_config_init()");
+  if (version > UCM_VERSION_CODE)
+    return fail(Result::kUnsupported,
+                "the app was built with ucmcache %u.%u.%u headers (UCM_VERSION_CODE %u), newer than this library, "
+                "ucmcache %s (%d): run it with a library at least as new as the headers it was built with",
+                version / 10000, version / 100 % 100, version % 100, version, UCM_VERSION_STRING, UCM_VERSION_CODE);
+  return Result::kOk;
 }
+
 }  // namespace
 
+Result check_struct_bytes(const char* what, const char* type, uint64_t bytes, size_t first, size_t current) {
+  if (bytes < first)
+    return fail(Result::kInvalidArg,
+                "%s %" PRIu64 " is smaller than %zu, the first %s this library accepts (ucmcache %s, whose %s is %zu "
+                "bytes): %s",
+                what, bytes, first, type, UCM_VERSION_STRING, type, current,
+                std::strcmp(type, "ucm_config_t") == 0 ? "initialize the config with ucm_config_init()"
+                                                       : "set it to sizeof the struct");
+  if (bytes > current)
+    return fail(Result::kInvalidArg,
+                "%s %" PRIu64 " is larger than %zu, the %s of this library (ucmcache %s): the app was built with a "
+                "newer ucmcache header than the library it runs with",
+                what, bytes, current, type, UCM_VERSION_STRING);
+  return Result::kOk;
+}
+
+Result config_init(ucm_config_t* out, size_t struct_bytes, uint32_t version) {
+  if (!out) return fail(Result::kNullPointer, "config is NULL");
+  UCM_CHECK(check_version(version));
+  UCM_CHECK(check_struct_bytes("sizeof(ucm_config_t) in the app", "ucm_config_t", struct_bytes, kConfigFirstBytes,
+                               sizeof(ucm_config_t)));
+  ucm_config_t defaults;
+  config_defaults(&defaults);
+  defaults.struct_bytes = static_cast<uint32_t>(struct_bytes);
+  defaults.version = version;
+  ucm_config_t with_env = defaults;
+  const Result r = config_from_env(&with_env);
+  // An older caller's struct ends early: only its own bytes are written.
+  std::memcpy(out, ok(r) ? &with_env : &defaults, struct_bytes);
+  return r;
+}
+
+Result config_read(const ucm_config_t* in, ucm_config_t* out) {
+  config_defaults(out);
+  if (!in) return fail(Result::kNullPointer, "config is NULL (use ucm_config_init)");
+  UCM_CHECK(check_struct_bytes("config.struct_bytes", "ucm_config_t", in->struct_bytes, kConfigFirstBytes,
+                               sizeof(ucm_config_t)));
+  UCM_CHECK(check_version(in->version));
+  ucm_config_t whole = *out;
+  // The fields an older caller's struct lacks: defaults, then their UCM_*
+  // variables, as ucm_config_init would have set them.
+  if (in->struct_bytes < sizeof(ucm_config_t)) UCM_CHECK(config_from_env(&whole));
+  std::memcpy(&whole, in, in->struct_bytes);
+  whole.struct_bytes = sizeof(ucm_config_t);
+  *out = whole;
+  return Result::kOk;
+}
+
+const Tunable* tunables(size_t* count) {
+  if (count) *count = kTableSize;
+  return kTable;
+}
+
+int64_t tunable_value(const ucm_config_t& c, const Tunable& t) {
+  switch (t.type) {
+    case T::kUint: {
+      uint32_t x;
+      std::memcpy(&x, field(c, t), sizeof(x));
+      return x;
+    }
+    case T::kInt:
+    case T::kEnum:
+    case T::kDevice: {
+      int32_t x;
+      std::memcpy(&x, field(c, t), sizeof(x));
+      return x;
+    }
+    case T::kSize: {
+      uint64_t x;
+      std::memcpy(&x, field(c, t), sizeof(x));
+      return x > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(x);
+    }
+    case T::kString:
+      return static_cast<int64_t>(strnlen(static_cast<const char*>(field(c, t)), t.bytes));
+  }
+  return 0;
+}
+
+std::string tunable_text(const ucm_config_t& c, const Tunable& t) {
+  const int64_t v = tunable_value(c, t);
+  if (t.type == T::kString) return std::string(static_cast<const char*>(field(c, t)), static_cast<size_t>(v));
+  if (t.type == T::kDevice && v == UCM_DEVICE_AUTO) return "auto";
+  if (t.type == T::kEnum && v >= t.lo && v <= t.hi) return t.names[v];
+  if (t.type == T::kSize) {
+    uint64_t x;
+    std::memcpy(&x, field(c, t), sizeof(x));
+    return std::to_string(x);
+  }
+  return std::to_string(v);
+}
+
+Result check_fields(const ucm_config_t& c) {
+  for (const Tunable& t : kTable) {
+    if (t.type == T::kString) {
+      if (memchr(field(c, t), '\0', t.bytes) == nullptr)
+        return fail(Result::kInvalidArg, "%s is not NUL-terminated within %u bytes", t.name, t.bytes);
+      continue;
+    }
+    const int64_t v = tunable_value(c, t);
+    if (t.type == T::kSize) {
+      uint64_t x;
+      std::memcpy(&x, field(c, t), sizeof(x));
+      if (x < static_cast<uint64_t>(t.lo) || x > static_cast<uint64_t>(t.hi))
+        return fail(Result::kInvalidArg, "%s %" PRIu64 " is out of range %s", t.name, x, bounds_text(t).c_str());
+      continue;
+    }
+    if (v < t.lo || v > t.hi) {
+      if (t.type == T::kEnum) {
+        std::string names;
+        for (int i = 0; t.names[i]; ++i) names += (i ? ", " : "") + std::string(t.names[i]) + " (" + std::to_string(i) + ")";
+        return fail(Result::kInvalidArg, "%s %" PRId64 " is not one of %s", t.name, v, names.c_str());
+      }
+      return fail(Result::kInvalidArg, "%s %" PRId64 " is out of range %s", t.name, v, bounds_text(t).c_str());
+    }
+  }
+  return Result::kOk;
+}
+
+void config_defaults(ucm_config_t* c) {
+  std::memset(c, 0, sizeof(*c));
+  c->struct_bytes = sizeof(ucm_config_t);
+  c->version = UCM_VERSION_CODE;
+  for (const Tunable& t : kTable) set_value(c, t, t.def);
+}
+
+Result config_from_env(ucm_config_t* c) {
+  for (const Tunable& t : kTable) UCM_CHECK(env_one(t, c));
+  return Result::kOk;
+}
+
 Result check_config(const ucm_config_t& c) {
-  if (c.struct_bytes != sizeof(ucm_config_t))
-    return fail(Result::kInvalidArg, "config.struct_bytes %u != %zu: initialize it with ucm_config_init()",
-                c.struct_bytes, sizeof(ucm_config_t));
-  if (c.shards_per_block == 0 || c.shards_per_block >= kEmptyShard)
-    return fail(Result::kInvalidArg, "shards_per_block %u is out of range 1..%u", c.shards_per_block, kEmptyShard - 1);
-  if (c.shard_bytes == 0) return fail(Result::kInvalidArg, "shard_bytes is 0");
-  if (c.shard_bytes > (1ull << 32))
-    return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " exceeds 4 GiB", c.shard_bytes);
+  UCM_CHECK(check_fields(c));
+  // Across fields.
   if (c.cache_bytes < c.shard_bytes)
     return fail(Result::kInvalidArg, "cache_bytes %" PRIu64 " is smaller than one shard (%" PRIu64 " bytes)",
                 c.cache_bytes, c.shard_bytes);
@@ -192,39 +368,9 @@ Result check_config(const ucm_config_t& c) {
                 "shards_per_block %u x shard_bytes %" PRIu64 " = %" PRIu64
                 " bytes per block exceeds the largest file offset (%" PRIu64 ")",
                 c.shards_per_block, c.shard_bytes, uint64_t{c.shards_per_block} * c.shard_bytes, kMaxOffset);
-  if (c.max_task_entries == 0) return fail(Result::kInvalidArg, "max_task_entries is 0");
-  if (c.ranks_per_node > kMaxRanks)
-    return fail(Result::kInvalidArg, "ranks_per_node %u exceeds %u ranks per node", c.ranks_per_node, kMaxRanks);
-  // The caller may have stored any int in an enum field: read its bytes, since
-  // loading an enum outside its values is undefined behaviour in C++.
-  const int32_t order = enum_bits(c.order), evict = enum_bits(c.evict), wait = enum_bits(c.wait);
-  if (order != UCM_ORDER_ROTATE && order != UCM_ORDER_NATURAL)
-    return fail(Result::kInvalidArg, "order %d is neither rotate (0) nor natural (1)", order);
-  if (evict != UCM_EVICT_CLOCK && evict != UCM_EVICT_RING)
-    return fail(Result::kInvalidArg, "evict %d is neither clock (0) nor ring (1)", evict);
-  if (wait != UCM_WAIT_FUTEX && wait != UCM_WAIT_POLL)
-    return fail(Result::kInvalidArg, "wait %d is neither futex (0) nor poll (1)", wait);
-  if (c.prealloc != 0 && c.prealloc != 1) return fail(Result::kInvalidArg, "prealloc %d is neither 0 nor 1", c.prealloc);
-  if (c.allow_overcommit != 0 && c.allow_overcommit != 1)
-    return fail(Result::kInvalidArg, "allow_overcommit %d is neither 0 nor 1", c.allow_overcommit);
-  const int32_t huge = enum_bits(c.hugepages);
-  if (huge != UCM_HUGEPAGES_AUTO && huge != UCM_HUGEPAGES_ON && huge != UCM_HUGEPAGES_OFF)
-    return fail(Result::kInvalidArg, "hugepages %d is not auto (0), on (1) or off (2)", huge);
-  if (c.timeout_ms == 0) return fail(Result::kInvalidArg, "timeout_ms is 0");
-  if (c.liveness_ms == 0) return fail(Result::kInvalidArg, "liveness_ms is 0");
-  if (c.io_depth == 0) return fail(Result::kInvalidArg, "io_depth is 0");
   if (c.segment_bytes < c.shard_bytes)
     return fail(Result::kInvalidArg, "segment_bytes %" PRIu64 " is smaller than one shard (%" PRIu64 " bytes)",
                 c.segment_bytes, c.shard_bytes);
-  // One cudaHostRegister of 512 GiB or more fails on recent drivers.
-  if (c.segment_bytes > (256ull << 30))
-    return fail(Result::kInvalidArg, "segment_bytes %" PRIu64 " exceeds 256 GiB (one registration of 512 GiB or "
-                "more fails on recent CUDA drivers)", c.segment_bytes);
-  const int32_t engine = enum_bits(c.copy_engine);
-  if (engine < 0 || engine > UCM_COPY_ENGINE_ASYNC_TEST)
-    return fail(Result::kInvalidArg, "copy_engine %d is not auto (0), cuda (1), host (2) or async-test (3)", engine);
-  if (memchr(c.backend, '\0', sizeof(c.backend)) == nullptr)
-    return fail(Result::kInvalidArg, "backend is not NUL-terminated within %zu bytes", sizeof(c.backend));
   if (c.backend[0] == '\0')
     return fail(Result::kInvalidArg, "no backend configured: set config.backend or UCM_BACKEND to posix:/dir or sim:...");
   Spec spec;
@@ -260,42 +406,35 @@ Result layout_from_config(const ucm_config_t& c, uint32_t local_size, CtrlParams
 }
 
 std::string describe_config(const ucm_config_t& c) {
-  char buf[1400];
-  char dev[32];
-  if (c.device_id == UCM_DEVICE_AUTO) std::snprintf(dev, sizeof(dev), "auto");
-  else std::snprintf(dev, sizeof(dev), "%d", c.device_id);
-  std::snprintf(buf, sizeof(buf),
-                "shards_per_block=%u shard_bytes=%" PRIu64 " cache_bytes=%" PRIu64 " reserved_slots=%u "
-                "max_task_entries=%u device_id=%s ranks_per_node=%u order=%s evict=%s wait=%s prealloc=%d "
-                "hugepages=%s bind_threads=%d timeout_ms=%u liveness_ms=%u load_retries=%u io_depth=%u owner_grace_us=%u "
-                "segment_bytes=%" PRIu64 " backend=%s",
-                c.shards_per_block, c.shard_bytes, c.cache_bytes, c.reserved_slots, c.max_task_entries, dev,
-                c.ranks_per_node, order_name(c.order), evict_name(c.evict), wait_name(c.wait), c.prealloc,
-                huge_name(c.hugepages), c.bind_threads, c.timeout_ms, c.liveness_ms, c.load_retries, c.io_depth, c.owner_grace_us,
-                c.segment_bytes, c.backend);
-  return std::string(buf) + " copy_engine=" +
-         kCopyEngineNames[c.copy_engine <= UCM_COPY_ENGINE_ASYNC_TEST ? c.copy_engine : 0] +
-         " allow_overcommit=" + std::to_string(c.allow_overcommit);
-}
-
-namespace {
-constexpr const char* kAgreementNames[AgreementRecord::kFields] = {
-    "shards_per_block", "shard_bytes", "cache_bytes", "reserved_slots", "max_task_entries",
-    "ranks_per_node",   "order",       "evict",       "wait",           "prealloc",
-    "hugepages",        "liveness_ms", "segment_bytes", "backend"};
+  std::string s;
+  for (const Tunable& t : kTable) s += (s.empty() ? "" : " ") + std::string(t.name) + "=" + tunable_text(c, t);
+  return s;
 }
 
 AgreementRecord agreement_record(const ucm_config_t& c) {
-  AgreementRecord r;
-  const uint64_t v[AgreementRecord::kFields] = {
-      c.shards_per_block, c.shard_bytes, c.cache_bytes, c.reserved_slots, c.max_task_entries,
-      c.ranks_per_node, static_cast<uint64_t>(c.order), static_cast<uint64_t>(c.evict),
-      static_cast<uint64_t>(c.wait), static_cast<uint64_t>(c.prealloc), static_cast<uint64_t>(c.hugepages),
-      c.liveness_ms, c.segment_bytes, fnv1a(c.backend, strnlen(c.backend, sizeof(c.backend)))};
-  std::memcpy(r.values, v, sizeof(v));
+  AgreementRecord r{};
+  int i = 0;
+  for (const Tunable& t : kTable) {
+    if (!t.layout) continue;
+    if (t.type == T::kString) {
+      const char* s = static_cast<const char*>(field(c, t));
+      r.values[i++] = fnv1a(s, strnlen(s, t.bytes));
+    } else if (t.type == T::kSize) {
+      std::memcpy(&r.values[i++], field(c, t), sizeof(uint64_t));
+    } else {
+      r.values[i++] = static_cast<uint64_t>(tunable_value(c, t));
+    }
+  }
   return r;
 }
 
-const char* agreement_field_name(int i) { return i >= 0 && i < AgreementRecord::kFields ? kAgreementNames[i] : "?"; }
+const char* agreement_field_name(int i) {
+  int k = 0;
+  for (const Tunable& t : kTable) {
+    if (!t.layout) continue;
+    if (k++ == i) return t.name;
+  }
+  return "?";
+}
 
 }  // namespace ucm

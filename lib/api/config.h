@@ -1,16 +1,81 @@
-// Configuration: defaults, UCM_* variables, checks, the layout it implies, and
-// the record ranks compare to agree on it.
+// Configuration: one table of tunables, and from it the defaults, the UCM_*
+// variables, the checks, the record ranks compare to agree on the layout,
+// the printed configuration and ucm_info's list; plus the layout it implies.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "common/result.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
-#include "ucmcache/ucm.h"
+#include "ucmcache/ucm_base.h"
 
 namespace ucm {
+
+// Public structs that grow (see "Structs that grow" in ucm_base.h). The
+// smallest struct_bytes a caller may pass is the first layout the library
+// accepted: fields appended since (copy_engine, allow_overcommit; the info's
+// registration and page notes; direct_fallbacks) take their defaults or are
+// left unwritten when an older caller's struct ends before them.
+inline constexpr size_t kConfigFirstBytes = offsetof(ucm_config_t, copy_engine);
+inline constexpr size_t kCacheInfoFirstBytes = offsetof(ucm_cache_info_t, register_seconds);
+inline constexpr size_t kStatsFirstBytes = offsetof(ucm_stats_t, direct_fallbacks);
+
+// `bytes` (the caller's struct_bytes of `what`, a `type`) is within
+// [first, current]; else kInvalidArg naming both numbers and what to do.
+[[nodiscard]] Result check_struct_bytes(const char* what, const char* type, uint64_t bytes, size_t first,
+                                        size_t current);
+
+// ucm_config_init's work: defaults, then UCM_* variables, into the caller's
+// first `struct_bytes` bytes; `version` is the caller's UCM_VERSION_CODE (a
+// newer one than the library's is kUnsupported, naming both).
+[[nodiscard]] Result config_init(ucm_config_t* out, size_t struct_bytes, uint32_t version);
+
+// A caller's config (of in->struct_bytes bytes, made by ucm_config_init of
+// in->version) as a whole one of this library: the fields it lacks take
+// their defaults and UCM_* variables. *out is whole (defaults) even on failure.
+[[nodiscard]] Result config_read(const ucm_config_t* in, ucm_config_t* out);
+
+// ---- the tunables --------------------------------------------------------
+// Each field of ucm_config_t (but struct_bytes and version) is one row here,
+// and only here: name, variable, type, default, bounds, whether every rank of
+// a node must agree on it (it shapes the shared layout), one line of help.
+// Bounds are inclusive and the same for a UCM_* variable and for the struct.
+enum class TunableType : uint8_t {
+  kUint,    // uint32_t, decimal
+  kInt,     // int32_t, decimal with an optional '-' (0|1 switches too)
+  kSize,    // uint64_t, bytes with an optional K/M/G/T suffix
+  kEnum,    // int32_t enum, by name (names[value])
+  kDevice,  // int32_t device ordinal, or "auto" (UCM_DEVICE_AUTO)
+  kString,  // char[], NUL-terminated within the field
+};
+
+struct Tunable {
+  const char* name;          // the field of ucm_config_t
+  const char* env;           // its UCM_* variable
+  TunableType type;
+  uint32_t offset;           // offsetof(ucm_config_t, field)
+  uint32_t bytes;            // sizeof the field
+  int64_t def;               // default (kString: empty)
+  int64_t lo, hi;            // inclusive bounds (kEnum: 0..count-1; kString: length 0..bytes-1)
+  const char* const* names;  // kEnum: the value names, by value
+  bool layout;               // every rank of a node must agree on it
+  const char* help;          // one line
+};
+
+// The table, in the order of ucm_config_t.
+const Tunable* tunables(size_t* count);
+
+// The field's value as a number (kString: its length).
+int64_t tunable_value(const ucm_config_t& c, const Tunable& t);
+// "64", "1048576", "rotate", "auto", "posix:/x".
+std::string tunable_text(const ucm_config_t& c, const Tunable& t);
+
+// The per-field bounds of the table only (check_config adds the checks that
+// relate fields); the message names the field and its value.
+[[nodiscard]] Result check_fields(const ucm_config_t& c);
 
 void config_defaults(ucm_config_t* c);
 [[nodiscard]] Result config_from_env(ucm_config_t* c);
@@ -22,10 +87,10 @@ void config_defaults(ucm_config_t* c);
 // One line per field, for the effective configuration printed at init.
 std::string describe_config(const ucm_config_t& c);
 
-// The fields every rank of a node must agree on, as (name, value) rows in a
-// fixed order; `backend` is compared by its hash and printed in full.
+// The fields every rank of a node must agree on (the table's layout rows),
+// as (name, value) rows in table order; `backend` is compared by its hash.
 struct AgreementRecord {
-  static constexpr int kFields = 14;
+  static constexpr int kFields = 14;  // layout rows in the table (checked in config.cpp)
   uint64_t values[kFields];
 };
 AgreementRecord agreement_record(const ucm_config_t& c);

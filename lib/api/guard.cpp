@@ -27,4 +27,18 @@ Result exception_result(const char* where) noexcept {
   }
 }
 
+namespace {
+thread_local std::string t_orphan_error;
+}
+
+void set_orphan_error(const std::string& e) noexcept {
+  try {
+    t_orphan_error = e;
+  } catch (...) {
+    t_orphan_error.clear();  // no memory for the message: the result still says what failed
+  }
+}
+
+const char* orphan_error() noexcept { return t_orphan_error.c_str(); }
+
 }  // namespace ucm

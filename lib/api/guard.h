@@ -3,6 +3,8 @@
 // a Result with a message, like any other failure.
 #pragma once
 
+#include <string>
+
 #include "common/result.h"
 
 namespace ucm {
@@ -22,5 +24,10 @@ Result guarded(const char* where, F&& f) noexcept {
     return exception_result(where);
   }
 }
+
+// The message of the last failed call on this thread that had no usable
+// cache (ucm_config_*, ucm_cache_init, a bad handle): ucm_last_error(NULL).
+void set_orphan_error(const std::string& e) noexcept;
+const char* orphan_error() noexcept;
 
 }  // namespace ucm

@@ -17,7 +17,6 @@ std::unordered_set<ucm_cache_s*>& tombstones() {
   static auto* s = new std::unordered_set<ucm_cache_s*>();
   return *s;
 }
-thread_local std::string t_orphan_error;
 
 // Under g_mu: kOk for a shell in the table (live or closing), else the error.
 Result lookup_locked(ucm_cache_t h) {
@@ -114,14 +113,5 @@ ucm_result_t finish_call(Cache* c, Result r) noexcept {
   }
   return static_cast<ucm_result_t>(r);
 }
-
-void set_orphan_error(const std::string& e) noexcept {
-  try {
-    t_orphan_error = e;
-  } catch (...) {
-    t_orphan_error.clear();
-  }
-}
-const char* orphan_error() noexcept { return t_orphan_error.c_str(); }
 
 }  // namespace ucm

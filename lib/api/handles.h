@@ -91,8 +91,4 @@ ucm_result_t cache_call(ucm_cache_t h, const char* where, F&& f) noexcept {
   return finish_call(ref.get(), guarded(where, [&] { return f(*ref.get()); }));
 }
 
-// The error of the last call that had no usable handle, per thread.
-void set_orphan_error(const std::string& e) noexcept;
-const char* orphan_error() noexcept;
-
 }  // namespace ucm

@@ -1,6 +1,5 @@
 // C API: result names and the library version.
-#include "ucm_build_config.h"
-#include "ucmcache/ucm.h"
+#include "ucmcache/ucm_base.h"
 
 extern "C" {
 
@@ -35,6 +34,6 @@ UCM_API const char* ucm_result_string(ucm_result_t result) {
   return "UCM_ERR_UNKNOWN: unknown result code";
 }
 
-UCM_API const char* ucm_version_string(void) { return UCM_VERSION; }
+UCM_API const char* ucm_version_string(void) { return UCM_VERSION_STRING; }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "api/config.h"
 #include "api/handles.h"
 #include "backend/sim_backend.h"
 #include "common/log.h"
@@ -158,9 +159,8 @@ UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t
 UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node) {
   return ucm::cache_call(cache, "ucm_cache_stats", [&](ucm::Cache& c) {
     for (ucm_stats_t* s : {rank, node}) {
-      if (s && s->struct_bytes != sizeof(ucm_stats_t))
-        return ucm::fail(ucm::Result::kInvalidArg, "stats->struct_bytes %u != %zu: set it to sizeof(ucm_stats_t)",
-                         s->struct_bytes, sizeof(ucm_stats_t));
+      if (s) UCM_CHECK(ucm::check_struct_bytes(s == rank ? "rank->struct_bytes" : "node->struct_bytes", "ucm_stats_t",
+                                               s->struct_bytes, ucm::kStatsFirstBytes, sizeof(ucm_stats_t)));
     }
     c.stats(rank, node);
     return ucm::Result::kOk;

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <string>
 
-#include "ucmcache/ucm.h"
+// The MPI-free half of the public header: the cache core (sync, ctrl, data,
+// cache) never sees <mpi.h> (tests/api/core_no_mpi_test.py checks it).
+#include "ucmcache/ucm_base.h"
 
 namespace ucm {
 

@@ -1,6 +1,7 @@
 // The configuration's C API in one process: UCM_* variables parsed strictly
 // (no blanks, no signs where strtoull would take them), the checks that keep
-// a block addressable, and NULL arguments.
+// a block addressable, NULL arguments, and the one table of tunables every
+// path reads (the same bounds from a variable and from the struct).
 #include <stdlib.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/config.h"
 #include "ucmcache/ucm.h"
 
 namespace {
@@ -106,6 +108,147 @@ TEST(ConfigApi, ANullConfigIsNullPointer) {
   EXPECT_TRUE(contains(ucm_config_error(), "config is NULL")) << ucm_config_error();
   EXPECT_EQ(ucm_config_check(nullptr), UCM_ERR_NULL_POINTER);
   EXPECT_TRUE(contains(ucm_config_error(), "config is NULL")) << ucm_config_error();
+}
+
+// ---- the table of tunables -------------------------------------------------
+
+// Every UCM_* variable and default there was before the table: none may change.
+TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
+  struct Old {
+    const char* name;
+    const char* env;
+    std::string def;
+  };
+  const Old old[] = {
+      {"shards_per_block", "UCM_SHARDS_PER_BLOCK", "64"}, {"shard_bytes", "UCM_SHARD_BYTES", "1048576"},
+      {"cache_bytes", "UCM_CACHE_BYTES", "1073741824"},   {"reserved_slots", "UCM_RESERVED_SLOTS", "64"},
+      {"max_task_entries", "UCM_MAX_TASK_ENTRIES", "4096"}, {"device_id", "UCM_DEVICE_ID", "auto"},
+      {"ranks_per_node", "UCM_RANKS_PER_NODE", "0"},      {"order", "UCM_ORDER", "rotate"},
+      {"evict", "UCM_EVICT", "clock"},                    {"wait", "UCM_WAIT", "futex"},
+      {"prealloc", "UCM_PREALLOC", "1"},                  {"hugepages", "UCM_HUGEPAGES", "auto"},
+      {"bind_threads", "UCM_BIND", "1"},                  {"timeout_ms", "UCM_TIMEOUT_MS", "30000"},
+      {"liveness_ms", "UCM_LIVENESS_MS", "50"},           {"load_retries", "UCM_LOAD_RETRIES", "2"},
+      {"io_depth", "UCM_IO_DEPTH", "16"},                 {"owner_grace_us", "UCM_OWNER_GRACE_US", "1000"},
+      {"segment_bytes", "UCM_SEGMENT_BYTES", "1073741824"}, {"backend", "UCM_BACKEND", ""},
+      {"copy_engine", "UCM_COPY_ENGINE", "auto"},         {"allow_overcommit", "UCM_OVERCOMMIT", "0"},
+  };
+  size_t n = 0;
+  const ucm::Tunable* table = ucm::tunables(&n);
+  ASSERT_EQ(n, sizeof(old) / sizeof(old[0]));
+  ucm_config_t defaults;
+  ucm::config_defaults(&defaults);
+  for (const Old& o : old) {
+    const ucm::Tunable* t = nullptr;
+    for (size_t i = 0; i < n; ++i)
+      if (std::strcmp(table[i].name, o.name) == 0) t = &table[i];
+    ASSERT_NE(t, nullptr) << o.name;
+    EXPECT_STREQ(t->env, o.env) << o.name;
+    EXPECT_EQ(ucm::tunable_text(defaults, *t), o.def) << o.name;
+    EXPECT_NE(std::string(t->help), "") << o.name;
+  }
+}
+
+// Writes a raw value into a field, as a C caller could.
+void poke(ucm_config_t* c, const ucm::Tunable& t, int64_t v) {
+  char* p = reinterpret_cast<char*>(c) + t.offset;
+  if (t.bytes == 8) {
+    const uint64_t x = static_cast<uint64_t>(v);
+    std::memcpy(p, &x, 8);
+  } else {
+    const uint32_t x = static_cast<uint32_t>(v);
+    std::memcpy(p, &x, 4);
+  }
+}
+
+// Can the field hold v at all (else only the variable can say it)?
+bool representable(const ucm::Tunable& t, int64_t v) {
+  switch (t.type) {
+    case ucm::TunableType::kUint: return v >= 0 && v <= int64_t{UINT32_MAX};
+    case ucm::TunableType::kSize: return v >= 0;
+    default: return v >= INT32_MIN && v <= INT32_MAX;
+  }
+}
+
+TEST(ConfigTable, EveryBoundIsTheSameFromTheVariableAndTheStruct) {
+  size_t n = 0;
+  const ucm::Tunable* table = ucm::tunables(&n);
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Tunable& t = table[i];
+    SCOPED_TRACE(t.name);
+    if (t.type == ucm::TunableType::kString) {
+      const std::string too_long(static_cast<size_t>(t.hi) + 1, 'x');
+      ScopedEnv env(t.env, too_long.c_str());
+      ucm_config_t c;
+      EXPECT_EQ(ucm_config_init(&c), UCM_ERR_INVALID_ARG);
+      EXPECT_TRUE(contains(ucm_last_error(nullptr), t.env)) << ucm_last_error(nullptr);
+      ucm::config_defaults(&c);
+      std::memset(reinterpret_cast<char*>(&c) + t.offset, 'x', t.bytes);  // no NUL
+      EXPECT_EQ(ucm::check_fields(c), ucm::Result::kInvalidArg);
+      EXPECT_TRUE(contains(ucm::last_error().c_str(), t.name)) << ucm::last_error();
+      continue;
+    }
+    // In range: both accept the bounds themselves.
+    for (int64_t v : {t.lo, t.hi}) {
+      const std::string text = t.type == ucm::TunableType::kEnum ? t.names[v] : std::to_string(v);
+      ScopedEnv env(t.env, text.c_str());
+      ucm_config_t c;
+      ASSERT_EQ(ucm_config_init(&c), UCM_OK) << t.env << "=" << text << ": " << ucm_last_error(nullptr);
+      EXPECT_EQ(ucm::tunable_value(c, t), v);
+      EXPECT_EQ(ucm::check_fields(c), ucm::Result::kOk) << ucm::last_error();
+      ucm_config_t d;
+      ucm::config_defaults(&d);
+      poke(&d, t, v);
+      EXPECT_EQ(ucm::check_fields(d), ucm::Result::kOk) << ucm::last_error();
+    }
+    // Out of range: both refuse, the variable naming itself and its value, the
+    // struct naming the field and its value.
+    for (int64_t v : {t.lo - 1, t.hi + 1}) {
+      const std::string text = t.type == ucm::TunableType::kEnum ? "bogus" : std::to_string(v);
+      {
+        ScopedEnv env(t.env, text.c_str());
+        ucm_config_t c;
+        EXPECT_EQ(ucm_config_init(&c), UCM_ERR_INVALID_ARG) << t.env << "=" << text;
+        EXPECT_TRUE(contains(ucm_last_error(nullptr), std::string(t.env) + "=" + text)) << ucm_last_error(nullptr);
+      }
+      if (!representable(t, v)) continue;
+      ucm_config_t d;
+      ucm::config_defaults(&d);
+      poke(&d, t, v);
+      EXPECT_EQ(ucm::check_fields(d), ucm::Result::kInvalidArg) << t.name << " = " << v;
+      EXPECT_TRUE(contains(ucm::last_error().c_str(), std::string(t.name) + " " + std::to_string(v)))
+          << ucm::last_error();
+      std::snprintf(d.backend, sizeof(d.backend), "sim:latency_us=0");
+      EXPECT_EQ(ucm_config_check(&d), UCM_ERR_INVALID_ARG) << "the public check is the same check";
+    }
+  }
+}
+
+TEST(ConfigTable, TheAgreementAndThePrintedConfigComeFromTheTable) {
+  size_t n = 0;
+  const ucm::Tunable* table = ucm::tunables(&n);
+  ucm_config_t c;
+  ucm::config_defaults(&c);
+  std::snprintf(c.backend, sizeof(c.backend), "sim:latency_us=0");
+  const std::string printed = ucm::describe_config(c);
+  int layout = 0;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(contains(printed.c_str(), std::string(table[i].name) + "=" + ucm::tunable_text(c, table[i])))
+        << printed;
+    if (table[i].layout) {
+      EXPECT_STREQ(ucm::agreement_field_name(layout++), table[i].name);
+    }
+  }
+  EXPECT_EQ(layout, ucm::AgreementRecord::kFields);
+  // A layout field that differs changes the record; another field does not.
+  const ucm::AgreementRecord base = ucm::agreement_record(c);
+  ucm_config_t d = c;
+  d.max_task_entries += 1;
+  const ucm::AgreementRecord other = ucm::agreement_record(d);
+  EXPECT_NE(std::memcmp(&base, &other, sizeof(base)), 0);
+  d = c;
+  d.io_depth += 1;
+  const ucm::AgreementRecord same = ucm::agreement_record(d);
+  EXPECT_EQ(std::memcmp(&base, &same, sizeof(base)), 0);
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ src=$1 info=$2; shift 2
 fail() { echo "man_test: FAIL: $*" >&2; exit 1; }
 
 header="$src/include/ucmcache/ucm.h" page7="$src/man/ucmcache.7.scd" page1="$src/man/ucm_info.1.scd"
-config_vars=$(awk '/typedef struct ucm_config/,/} ucm_config_t;/' "$header" | grep -o '/\* UCM_[A-Z_]*' | cut -c4- | sort -u)
+# ucm_config_t lives in ucm_base.h beside ucm.h (the MPI-free part of the API).
+config_vars=$(cat "$header" "$(dirname "$header")/ucm_base.h" 2>/dev/null | awk '/typedef struct ucm_config/,/} ucm_config_t;/' | grep -o '/\* UCM_[A-Z_]*' | cut -c4- | grep -vx 'UCM_VERSION_CODE' | sort -u)
 [[ -n "$config_vars" ]] || fail "no UCM_* variable found in $header"
 log_vars=$(grep -o 'getenv("UCM_[A-Z_]*")' "$src/lib/common/log.cpp" | sed 's/getenv("\(.*\)")/\1/' | sort -u)
 want=$(printf '%s\n' $config_vars $log_vars | sort -u)

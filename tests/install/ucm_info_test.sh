@@ -35,7 +35,8 @@ grep -qx "build:nccl:$calls" "$tmp/v" \
   || fail "ucm_info says $(grep '^build:nccl:' "$tmp/v"), the library calling NCCL: $calls"
 
 # --- -c: every variable of ucm_config_t, with value, default and source
-vars=$(awk '/typedef struct ucm_config/,/} ucm_config_t;/' "$header" | grep -o '/\* UCM_[A-Z_]*' | cut -c4- | sort -u)
+# ucm_config_t lives in ucm_base.h beside ucm.h (the MPI-free part of the API).
+vars=$(cat "$header" "$(dirname "$header")/ucm_base.h" 2>/dev/null | awk '/typedef struct ucm_config/,/} ucm_config_t;/' | grep -o '/\* UCM_[A-Z_]*' | cut -c4- | grep -vx 'UCM_VERSION_CODE' | sort -u)
 [[ -n "$vars" ]] || fail "found no UCM_* variable in $header"
 run env UCM_SHARD_BYTES=2M UCM_ORDER=natural "$info" -c --parsable > "$tmp/c" || fail "-c --parsable exited $?"
 for v in $vars; do

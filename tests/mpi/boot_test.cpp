@@ -150,7 +150,7 @@ TEST_F(Boot, BadConfigValuesAreTheSameClearErrorOnEveryRank) {
     const char* needle;
   };
   const Case cases[] = {
-      {"zero shard size", [](ucm_config_t* c) { c->shard_bytes = 0; }, UCM_ERR_INVALID_ARG, "shard_bytes is 0"},
+      {"zero shard size", [](ucm_config_t* c) { c->shard_bytes = 0; }, UCM_ERR_INVALID_ARG, "shard_bytes 0 is out of range"},
       {"zero shards per block", [](ucm_config_t* c) { c->shards_per_block = 0; }, UCM_ERR_INVALID_ARG,
        "shards_per_block 0"},
       {"cache below one slot per rank", [](ucm_config_t* c) { c->cache_bytes = c->shard_bytes; },

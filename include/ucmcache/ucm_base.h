@@ -1,0 +1,373 @@
+/*
+ * ucmcache: the MPI-free part of the public C API. Every type, result,
+ * configuration and statistics struct, and every call that takes no MPI
+ * object. It includes no MPI header, so a C program or a language binding
+ * built without MPI headers can use it; the cache core of the library sees
+ * only this header. Applications include <ucmcache/ucm.h>, which includes this
+ * one and adds ucm_cache_init (the one call that takes an MPI_Comm).
+ *
+ * Every function returns a ucm_result_t. Nothing throws across this boundary:
+ * an exception inside becomes a result (std::bad_alloc UCM_ERR_NO_MEMORY, a
+ * failed system call such as a thread that cannot be created UCM_ERR_SYSTEM,
+ * anything else UCM_ERR_INTERNAL) with its text in the last error. A required
+ * pointer that is NULL is UCM_ERR_NULL_POINTER in every call.
+ *
+ * Threads. Each call says beside it which threads may make it. In short:
+ * every call but ucm_cache_init and ucm_cache_finalize may run on any thread,
+ * at the same time as any other call on the same cache (waits for the same
+ * task included). ucm_cache_finalize may overlap any of them too: a call that
+ * starts once finalize has begun returns UCM_ERR_FINALIZED, a ucm_task_wait
+ * blocked in it returns UCM_ERR_FINALIZED, and the calls in flight finish
+ * before the cache is freed (see ucm_cache_finalize). The MPI calls happen in
+ * ucm_cache_init and ucm_cache_finalize only, on the calling thread.
+ *
+ * Versions. UCM_VERSION_CODE (ucm_version.h) is the version of these headers;
+ * ucm_get_version() the library's. A library at least as new as the headers
+ * works; an older one refuses ucm_config_init (UCM_ERR_UNSUPPORTED, naming
+ * both versions).
+ *
+ * Structs that grow. ucm_config_t, ucm_cache_info_t and ucm_stats_t start
+ * with struct_bytes, and later versions only append fields. The library
+ * reads or writes the first struct_bytes bytes only: an app built with an
+ * older header passes its smaller struct, and the fields it does not have
+ * take their defaults (input) or are not written (output). struct_bytes
+ * smaller than the first version's struct, or larger than the library's
+ * (an app built against a newer header), is UCM_ERR_INVALID_ARG naming both.
+ *
+ * Public names never collide with UCX's libucm (which Open MPI loads): UCX
+ * exports ucm_init, ucm_strerror, ucm_mmap and ~100 other ucm_* symbols, so
+ * ours are ucm_cache_*, ucm_result_*, ucm_version_* and the like.
+ */
+#ifndef UCMCACHE_UCM_BASE_H
+#define UCMCACHE_UCM_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucmcache/ucm_version.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define UCM_API __attribute__((visibility("default")))
+#else
+#define UCM_API
+#endif
+
+/* Result codes. Values are ABI: never renumber, only append. */
+typedef enum ucm_result {
+  UCM_OK = 0,
+  UCM_ERR_INVALID_ARG = 1,     /* a bad argument; ucm_last_error names it */
+  UCM_ERR_NO_MEMORY = 2,       /* an allocation failed */
+  UCM_ERR_NO_SPACE = 3,        /* every cache slot is pinned */
+  UCM_ERR_TIMEOUT = 4,         /* a bounded wait ran out */
+  UCM_ERR_BACKEND = 5,         /* the backend store failed a load or dump */
+  UCM_ERR_NOT_FOUND = 6,       /* the key or handle is not known */
+  UCM_ERR_BAD_STATE = 7,       /* the call is not valid in the current state */
+  UCM_ERR_CORRUPT = 8,         /* a shared region or message failed validation */
+  UCM_ERR_ABI_MISMATCH = 9,    /* a shared region was built by another ABI */
+  UCM_ERR_CONFIG_MISMATCH = 10,/* ranks disagree on a layout parameter */
+  UCM_ERR_SYSTEM = 11,         /* a system call failed; errno is in the message */
+  UCM_ERR_PEER_DEAD = 12,      /* a peer process died */
+  UCM_ERR_UNSUPPORTED = 13,    /* not built in, or not available here */
+  UCM_ERR_BUSY = 14,           /* a non-blocking attempt found the resource taken */
+  UCM_ERR_FINALIZED = 15,      /* the cache was finalized */
+  UCM_ERR_BAD_HANDLE = 16,     /* an unknown task or cache handle */
+  UCM_ERR_DUPLICATE_KEY = 17,  /* the same key appears twice in one task */
+  UCM_ERR_DEVICE = 18,         /* the device (CUDA) layer failed */
+  UCM_ERR_INTERNAL = 19,       /* a bug: please report it with the log */
+  UCM_ERR_NULL_POINTER = 20,   /* a required pointer (config, entries, keys, dst, src, an output) is NULL */
+  UCM_ERR_OUT_OF_RANGE = 21,   /* a shard index is >= shards_per_block */
+  UCM_ERR_EMPTY = 22,          /* a task of 0 entries */
+  UCM_ERR_TOO_LARGE = 23,      /* more than max_task_entries entries, blocks or keys in one call */
+  UCM_ERR_UNKNOWN_TASK = 24    /* not a task of this cache, or already waited for */
+} ucm_result_t;
+
+/* ---- configuration ---------------------------------------------------------
+ * ucm_config_init() fills every field with its default, then applies the UCM_*
+ * environment variable named beside it. Change fields after that to override.
+ * Every field that shapes the shared layout must be equal on all ranks of a
+ * node; ucm_cache_init() checks, and names the field that differs. */
+
+#define UCM_DEVICE_AUTO (-2147483647 - 1) /* local rank modulo visible GPUs */
+#define UCM_DEVICE_NONE (-1)              /* any negative: a query-only scheduler rank */
+
+typedef enum ucm_order { UCM_ORDER_ROTATE = 0, UCM_ORDER_NATURAL = 1 } ucm_order_t;
+typedef enum ucm_evict { UCM_EVICT_CLOCK = 0, UCM_EVICT_RING = 1 } ucm_evict_t;
+typedef enum ucm_wait { UCM_WAIT_FUTEX = 0, UCM_WAIT_POLL = 1 } ucm_wait_t;
+typedef enum ucm_hugepages { UCM_HUGEPAGES_AUTO = 0, UCM_HUGEPAGES_ON = 1, UCM_HUGEPAGES_OFF = 2 } ucm_hugepages_t;
+/* Which engine copies slots to the app's buffers (see copy_engine in ucm_config_t). */
+typedef enum ucm_copy_engine {
+  UCM_COPY_ENGINE_AUTO = 0,      /* CUDA on a node with GPUs; memcpy only on a node without any */
+  UCM_COPY_ENGINE_CUDA = 1,      /* CUDA, or init fails with the driver's reason */
+  UCM_COPY_ENGINE_HOST = 2,      /* memcpy: destinations and sources are host memory */
+  UCM_COPY_ENGINE_ASYNC_TEST = 3 /* tests only: host memory, copies land later on a worker thread */
+} ucm_copy_engine_t;
+
+typedef struct ucm_config {
+  uint32_t struct_bytes;     /* sizeof(ucm_config_t) as the app was built: set by ucm_config_init */
+  uint32_t version;          /* UCM_VERSION_CODE of the app's header: set by ucm_config_init */
+  uint64_t shard_bytes;      /* UCM_SHARD_BYTES (1 MiB): bytes per shard and cache slot [layout] */
+  uint64_t cache_bytes;      /* UCM_CACHE_BYTES (1 GiB): the node's regular pool       [layout] */
+  uint32_t shards_per_block; /* UCM_SHARDS_PER_BLOCK (64): shard indexes are < this   [layout] */
+  uint32_t reserved_slots;   /* UCM_RESERVED_SLOTS (64): slots only prealloc may use   [layout] */
+  uint32_t max_task_entries; /* UCM_MAX_TASK_ENTRIES (4096): entries per task at most  [layout] */
+  int32_t device_id;         /* UCM_DEVICE_ID (auto): a GPU ordinal, auto, or < 0 scheduler */
+  uint32_t ranks_per_node;   /* UCM_RANKS_PER_NODE (0 = the real node): split a machine
+                                into pretend nodes of this many ranks (tests, studies) */
+  ucm_order_t order;         /* UCM_ORDER=rotate|natural (rotate)                      [layout] */
+  ucm_evict_t evict;         /* UCM_EVICT=clock|ring (clock)                           [layout] */
+  ucm_wait_t wait;           /* UCM_WAIT=futex|poll (futex)                            [layout] */
+  int32_t prealloc;          /* UCM_PREALLOC=1|0 (1)                                   [layout] */
+  ucm_hugepages_t hugepages; /* UCM_HUGEPAGES=auto|on|off (auto)                       [layout] */
+  int32_t bind_threads;      /* UCM_BIND=1|0 (1): pin queue threads near the GPU */
+  uint32_t timeout_ms;       /* UCM_TIMEOUT_MS (30000): bound on init and on any wait for a peer */
+  uint32_t liveness_ms;      /* UCM_LIVENESS_MS (50): how often a waiter checks its peer lives [layout] */
+  uint32_t load_retries;     /* UCM_LOAD_RETRIES (2): owner retries of a failed backend load */
+  uint32_t io_depth;         /* UCM_IO_DEPTH (16): backend loads in flight per rank */
+  uint32_t owner_grace_us;   /* UCM_OWNER_GRACE_US (1000): how long a peer's share of a task
+                                waits for that peer to load it before this rank does
+                                (keeps ownership balanced when ranks arrive skewed) */
+  uint64_t segment_bytes;    /* UCM_SEGMENT_BYTES (1 GiB): data-plane segment size bound [layout] */
+  char backend[512];         /* UCM_BACKEND: "posix:/dir[,depth=8]" or "sim:latency_us=..."
+                                (no default: init names it missing)                    [layout] */
+  ucm_copy_engine_t copy_engine; /* UCM_COPY_ENGINE=auto|cuda|host|async-test (auto). A configured
+                                device_id, or auto on a node with a GPU driver, needs CUDA: init
+                                fails with the driver's reason rather than copy with memcpy into
+                                device pointers. The host engine runs when configured, or with
+                                auto on a node that has no GPU. async-test is for tests only. */
+  int32_t allow_overcommit;  /* UCM_OVERCOMMIT=1|0 (0): 0 refuses at init a data plane larger
+                                than the node can give (MemAvailable or the memory cgroup's
+                                limit; for hugepages=on, the free 2 MiB pages) and populates
+                                every page at init, so memory the kernel cannot give is an
+                                init error, not a SIGBUS later; 1 maps it lazily, unchecked */
+} ucm_config_t;
+
+/* ---- the node-shared cache -------------------------------------------------- */
+
+typedef struct ucm_cache_s* ucm_cache_t;
+
+/* Defaults, then UCM_* variables. A variable with a bad value is an error that
+ * names it ("UCM_SHARD_BYTES=12x is not a size"); the config then holds the
+ * defaults. Sizes are digits with an optional K/M/G/T (KiB, ...) suffix and
+ * integers digits with an optional '-': no blanks, no '+' (" -1" is not a
+ * size). Records the app's sizeof(ucm_config_t) and UCM_VERSION_CODE in
+ * struct_bytes and version: a library older than the header is
+ * UCM_ERR_UNSUPPORTED naming both versions. NULL: UCM_ERR_NULL_POINTER.
+ * Threads: any, at any time (it reads the environment). */
+UCM_API ucm_result_t ucm_config_init_version(ucm_config_t* config, size_t struct_bytes, uint32_t version);
+static inline ucm_result_t ucm_config_init(ucm_config_t* config) {
+  return ucm_config_init_version(config, sizeof(ucm_config_t), UCM_VERSION_CODE);
+}
+
+/* Checks every field on its own; the message (ucm_last_error(NULL)) names the
+ * first bad field and its value. Also: shards_per_block x shard_bytes (one
+ * block's file) must fit in off_t. NULL: UCM_ERR_NULL_POINTER.
+ * Threads: any, at any time. */
+UCM_API ucm_result_t ucm_config_check(const ucm_config_t* config);
+
+/* The message of the last failed call on `cache` (NULL: of the last failed
+ * call on this thread that had no usable cache: ucm_config_*, ucm_cache_init,
+ * ucm_get_version, or a call with a bad handle). Valid until the next call on
+ * this thread. Threads: any, at any time. */
+UCM_API const char* ucm_last_error(ucm_cache_t cache);
+
+/* Kept for callers of 0.1: the same as ucm_last_error(NULL). */
+UCM_API const char* ucm_config_error(void);
+
+/* A short, static, human-readable name for a result ("UCM_ERR_NO_SPACE: ...").
+ * Threads: any, at any time. */
+UCM_API const char* ucm_result_string(ucm_result_t result);
+
+/* The library's version, "MAJOR.MINOR.PATCH". Threads: any, at any time. */
+UCM_API const char* ucm_version_string(void);
+
+/* The library's UCM_VERSION_CODE (which may be newer than the header's).
+ * NULL: UCM_ERR_NULL_POINTER. Threads: any, at any time. */
+UCM_API ucm_result_t ucm_get_version(int* version);
+
+typedef struct ucm_cache_info {
+  uint32_t struct_bytes;   /* set by the caller to sizeof(ucm_cache_info_t) */
+  int32_t rank, size;      /* in the communicator given to ucm_cache_init */
+  int32_t local_rank;      /* among the ranks that share this cache */
+  int32_t local_size;
+  int32_t node_id, node_count;
+  int32_t device_id;       /* resolved; < 0 for a scheduler rank */
+  int32_t scheduler;       /* 1: control plane only */
+  int32_t hugetlb;         /* 1: data plane on MFD_HUGETLB 2 MiB pages */
+  int32_t cuda_built, nccl_built, hwloc_built;
+  int32_t visible_devices; /* CUDA devices this rank sees */
+  int32_t threads_bound;   /* 1: queue threads pinned (see binding) */
+  uint32_t regular_slots, reserved_slots;
+  uint32_t segments;       /* data-plane memfd segments */
+  uint64_t control_bytes;  /* size of the shared control region */
+  uint64_t data_bytes;     /* bytes of the data plane mapped by this rank (0: scheduler) */
+  uint64_t control_inode;  /* inode of the control memfd: equal on every rank of a node */
+  char host[64];
+  char copy_engine[16];    /* "host", "cuda", or "" for a scheduler */
+  char binding[256];       /* where the queue threads run, or why they are not pinned */
+  double register_seconds; /* wall time registering the data plane with the device (cudaHostRegister) */
+  uint32_t register_threads; /* threads that registered the segments in parallel */
+  uint32_t reserved0;
+  char device_choice[160]; /* how device_id was taken ("auto: the app's current device 1",
+                              "configured device_id 0", "no GPU on this node (...)") */
+  char pages[256];         /* how the data plane's pages were chosen: "2 MiB hugetlb pages",
+                              or why hugepages=auto fell back to ordinary pages; and whether
+                              they were populated at init (allow_overcommit) */
+} ucm_cache_info_t;
+
+/* ---- tasks ------------------------------------------------------------------
+ * A task is a batch of shards, one per entry, each (block, shard) at most once.
+ * ucm_load_task is node-collective in meaning: every local rank submits the
+ * same keys with its own destinations, and each shard is loaded from the
+ * backend once per node. It never waits for the other ranks and returns at
+ * once; ucm_task_wait / ucm_task_test finish it. Tasks complete in any order.
+ * Bad input (each its own result, the message in ucm_last_error):
+ *   UCM_ERR_NULL_POINTER  entries, a dst/src, or the task output is NULL
+ *   UCM_ERR_EMPTY         n == 0
+ *   UCM_ERR_TOO_LARGE     n > max_task_entries
+ *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0
+ *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
+ *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
+ *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank
+ *   UCM_ERR_BUSY          too many tasks already wait for this rank
+ *   UCM_ERR_BAD_HANDLE / UCM_ERR_FINALIZED   for the cache handle
+ * A bad call changes nothing: the cache stays usable.
+ * Threads: every task call may run on any thread, at the same time as any
+ * other call on the same cache, including waits for the same task. */
+
+typedef struct ucm_block { uint8_t bytes[16]; } ucm_block_t; /* the engine's block id (a hash) */
+typedef struct ucm_key {
+  ucm_block_t block;
+  uint32_t shard;
+  uint32_t reserved; /* set to 0 */
+} ucm_key_t;
+typedef struct ucm_load_entry {
+  ucm_key_t key;
+  void* dst;       /* shard_bytes of memory on this rank's device (host memory with the
+                      host engine). With CUDA each dst is checked at submit: memory of
+                      another device, host memory or a freed pointer is refused with
+                      UCM_ERR_INVALID_ARG naming the entry. The destination must stay
+                      valid until the task is finished (ucm_task_wait returned other
+                      than UCM_ERR_TIMEOUT, or ucm_task_test said done): also after a
+                      timed-out wait, copies into it may still be in flight. */
+} ucm_load_entry_t;
+typedef struct ucm_dump_entry {
+  ucm_key_t key;
+  const void* src; /* shard_bytes to store, on this rank's device (checked as dst is).
+                      Its content must be complete when ucm_dump_task is called: the
+                      library copies on its own stream, so synchronize the stream that
+                      wrote it first. It must stay valid until the task is finished. */
+} ucm_dump_entry_t;
+typedef uint64_t ucm_task_t;
+
+#define UCM_WHERE_NONE 0    /* neither in the cache nor in the backend */
+#define UCM_WHERE_BACKEND 1 /* not in the cache; the backend has it */
+#define UCM_WHERE_CACHE 2   /* resident and Ready in the node's cache */
+#define UCM_WHERE_ERROR 3   /* not in the cache; the backend could not say (the file
+                               under the key's name is unreadable, or not a file of
+                               the store's, e.g. a directory) */
+
+typedef struct ucm_stats {
+  uint32_t struct_bytes;      /* set by the caller to sizeof(ucm_stats_t) */
+  uint32_t ranks;             /* ranks summed (1 for a rank's own) */
+  uint64_t tasks, shards;     /* submitted */
+  uint64_t hits;              /* Ready when asked */
+  uint64_t owner_loads;       /* backend loads issued as owner */
+  uint64_t load_failures;
+  uint64_t waits;             /* found a peer loading it */
+  uint64_t wait_ns;           /* copier time spent waiting for Ready */
+  uint64_t takeovers;         /* Failed/preallocated slots re-owned */
+  uint64_t evictions;
+  uint64_t no_space;          /* get() found every slot pinned (then retried) */
+  uint64_t prealloc_made, prealloc_used;
+  uint64_t failed_shards;
+  uint64_t bytes_from_backend, bytes_to_device;
+  uint64_t dumps, bytes_dumped;
+  uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us; /* task latency, upper bounds */
+  uint64_t direct_fallbacks;  /* backend transfers the file system refused as direct I/O,
+                                 redone buffered (the store then stays buffered) */
+} ucm_stats_t;
+
+/* The cache calls exist in a library built with MPI (ucmcache.pc then sets no
+ * UCM_NO_MPI); none needs an MPI header to be called. */
+#ifndef UCM_NO_MPI
+
+/* Collective over the communicator of ucm_cache_init. Sets *cache to NULL;
+ * any later use of the old handle returns UCM_ERR_FINALIZED. In steps:
+ *   1. calls that start from now on return UCM_ERR_FINALIZED;
+ *   2. this rank's queue threads stop (no copy into a task's destinations
+ *      starts after this), and every ucm_task_wait blocked on this cache
+ *      returns UCM_ERR_FINALIZED (its task is abandoned);
+ *   3. the calls still in flight on other threads get timeout_ms to return;
+ *   4. the node's ranks meet, and the cache is torn down.
+ * If calls are still running after timeout_ms (a thread stuck in the kernel),
+ * the ranks still meet, but the cache's memory and threads are left in place
+ * rather than freed under those calls, until the process exits: the result is
+ * UCM_ERR_TIMEOUT, naming how many. A second finalize of the same handle
+ * (another thread's, or a later one) returns UCM_ERR_FINALIZED; a NULL
+ * argument UCM_ERR_NULL_POINTER.
+ * Threads: the thread that calls MPI for the app, as any collective; it may
+ * overlap any other call on the cache, on other threads (steps 1 to 3). */
+UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);
+
+/* What this rank got at init. The caller sets info->struct_bytes; the library
+ * fills that many bytes (see "Structs that grow"). NULL: UCM_ERR_NULL_POINTER.
+ * Threads: any, at the same time as any other call. */
+UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info);
+
+/* Submits a load (see above). Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task);
+/* Copies each shard into a cache slot (Ready at once, so peers hit it) and
+ * writes it through to the backend. When several ranks dump the same key, one
+ * writes, and each gets that write's outcome: an entry is UCM_OK only once
+ * the store holds the key. After UCM_ERR_BACKEND the cached copy is still
+ * served, and the next dump of the key (any rank) writes it through again.
+ * Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);
+/* Waits up to timeout_ms (< 0, or too large to add to the clock, such as
+ * INT64_MAX: no bound). Returns the task's result (UCM_OK, or the first
+ * failure: UCM_ERR_BACKEND names the keys that failed; UCM_ERR_CORRUPT a shard
+ * whose stored copy failed its checks, not retried while it stays in the
+ * cache, replaced by a dump of the key) and retires the handle;
+ * UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK for a handle that is
+ * not (or no longer) a task of this cache; UCM_ERR_FINALIZED when
+ * ucm_cache_finalize begins, even during an unbounded wait.
+ * Threads: any; several threads may wait for the same task (one gets its
+ * result, the others UCM_ERR_UNKNOWN_TASK once it is retired). */
+UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms);
+/* Never blocks: *done = 0 and UCM_OK while it runs; once done, *done = 1 and
+ * the task's result, as ucm_task_wait. NULL done: UCM_ERR_NULL_POINTER.
+ * Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* done);
+
+/* Marks every resident shard of each block as recently used, then forwards the
+ * same batch to the backend's touch (which keeps its copy warm). n == 0 does
+ * nothing; n > max_task_entries is UCM_ERR_TOO_LARGE;
+ * NULL blocks with n > 0: UCM_ERR_NULL_POINTER. Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n);
+
+/* Per key: where it is. The cache is asked first, the backend about the rest.
+ * Works on a scheduler rank. Every entry of where[] is filled: a key the
+ * backend cannot answer for gets UCM_WHERE_ERROR and the others their answer;
+ * the call then returns UCM_ERR_BACKEND, and ucm_last_error says how many
+ * keys are unknown and names the first (its index, key and file). A stored
+ * copy that fails its checks (corrupt, another key's, an older format) is not
+ * a usable copy: UCM_WHERE_NONE. n > max_task_entries is UCM_ERR_TOO_LARGE; a
+ * key whose reserved field is not 0 UCM_ERR_INVALID_ARG;
+ * NULL keys or where with n > 0: UCM_ERR_NULL_POINTER. Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_lookup(ucm_cache_t cache, const ucm_key_t* keys, size_t n, uint8_t* where);
+
+/* This rank's counters and the node's (the sum over its ranks); either or both
+ * may be NULL. Each struct's struct_bytes, set by the caller, says how much
+ * the library fills (see "Structs that grow"). Threads: any, concurrently. */
+UCM_API ucm_result_t ucm_cache_stats(ucm_cache_t cache, ucm_stats_t* rank, ucm_stats_t* node);
+#endif /* UCM_NO_MPI */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UCMCACHE_UCM_BASE_H */
