@@ -65,6 +65,7 @@ class Cache {
   CacheBuffer* buffer() const { return buffer_.get(); }
   Backend* backend() const { return backend_.get(); }
   CopyEngine* engine() const { return engine_.get(); }
+  LoadQueue* queue() const { return queue_.get(); }
   const Placement& placement() const { return placement_; }
   bool scheduler() const { return device_id_ < 0; }
 
