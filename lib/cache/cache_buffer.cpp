@@ -438,7 +438,12 @@ Result CacheBuffer::wait_any(const uint32_t* slots, const uint32_t* words, size_
   if (now >= deadline_ns) return fail(Result::kTimeout, "wait_any: the deadline has passed");
   const uint64_t until = std::min(deadline_ns, now + slice_ns_);
   if (opts_.wait == WaitMode::kPoll) {
-    // The legacy waiter polls; every word is looked at again by the caller.
+    // The legacy waiter: lock, read, unlock each, then sleep.
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t w = 0;
+      UCM_CHECK(poll_once(slots[i], &w));
+      if (word_changed(w, words[i])) return Result::kOk;
+    }
     sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, until - now));
     return Result::kOk;
   }

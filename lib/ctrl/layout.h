@@ -17,7 +17,11 @@
 // - Bucket.lock: any rank (shared_lock, holder id = local rank + 1).
 //   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
 //   edit one release store, so a chain is well-formed at every instruction.
-// - SlotMeta key fields: only the rank holding the slot's claim.
+// - SlotMeta key fields: only the rank holding the slot's claim; and the
+//   owner of a load past its deadline (CacheBuffer::abandon_load), which
+//   clears `shard` while its pins keep every claimer out, under the bucket
+//   lock, after unlinking the slot: the slot then floats keyless and Failed
+//   until its pins go, and CLOCK takes it as it takes any floating slot.
 // - SlotMeta.word (the futex word): CAS by the owner (mark_ready/_failed/_corrupt, and
 //   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
 //   by the claimer on re-key (a plain store: a claimed slot has no pins), and
