@@ -190,7 +190,13 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
  * If calls are still running after timeout_ms (a thread stuck in the kernel),
  * the ranks still meet, but the cache's memory and threads are left in place
  * rather than freed under those calls, until the process exits: the result is
- * UCM_ERR_TIMEOUT, naming how many. A second finalize of the same handle
+ * UCM_ERR_TIMEOUT, naming how many. The store's I/O threads get timeout_ms
+ * too: any still in the kernel then (a hard-mounted NFS that stopped
+ * answering) are detached, never joined, and the result is UCM_ERR_TIMEOUT
+ * naming how many; the store object they return into stays allocated, and
+ * this rank's mapping of the cache is replaced by an inaccessible one at the
+ * same address, so that a read the kernel completes late fails (EFAULT)
+ * instead of writing into the cache. A second finalize of the same handle
  * (another thread's, or a later one) returns UCM_ERR_FINALIZED; a NULL
  * argument UCM_ERR_NULL_POINTER. */
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);

@@ -4,9 +4,16 @@
 // that completes after its deadline writes no wrong byte anywhere and leaks
 // nothing. Every wait is checked against its bound, with slack for a loaded
 // machine.
+#include <fcntl.h>
+#include <ftw.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -183,6 +190,128 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
   EXPECT_EQ(last.verify(0), kTaskShard);
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// Holds every touch of this process's data plane in the kernel: a
+// userfaultfd nobody serves, registered over every slot in minor-fault mode
+// after this process's page-table entries for the slots were dropped (the
+// node's pages stay). A read() into a slot then sleeps in the kernel, as on a
+// hard-mounted NFS that stopped answering, until the fd closes.
+struct KernelHang {
+  int fd = -1;
+  std::string why_not;
+  explicit KernelHang(ucm_cache_t cache) {
+    fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (fd < 0) {
+      why_not = std::string("userfaultfd: ") + std::strerror(errno);
+      return;
+    }
+    uffdio_api api{};
+    api.api = UFFD_API;
+    api.features = UFFD_FEATURE_MINOR_SHMEM;
+    if (ioctl(fd, UFFDIO_API, &api) != 0) {
+      why_not = std::string("UFFDIO_API with MINOR_SHMEM: ") + std::strerror(errno);
+      return;
+    }
+    CacheBuffer* b = impl_of(cache)->buffer();
+    const uint64_t bytes = b->ctrl().slot_bytes();
+    for (uint32_t i = 0; i < b->ctrl().total_slots(); ++i) {
+      uffdio_register r{};
+      r.range.start = reinterpret_cast<uintptr_t>(b->data_at(i));
+      r.range.len = bytes;
+      r.mode = UFFDIO_REGISTER_MODE_MINOR;
+      if (madvise(b->data_at(i), bytes, MADV_DONTNEED) != 0 || ioctl(fd, UFFDIO_REGISTER, &r) != 0) {
+        why_not = std::string("UFFDIO_REGISTER: ") + std::strerror(errno);
+        return;
+      }
+    }
+  }
+  bool armed() const { return why_not.empty(); }
+  void release() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  ~KernelHang() { release(); }
+};
+
+// A store whose read never returns from the kernel: finalize still returns
+// within timeout_ms (+ slack), says how many I/O threads it left behind, and
+// the process goes on (and exits) cleanly; the late write, once the kernel
+// lets it go, faults instead of landing in the cache.
+TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
+  std::string dir;
+  if (world_rank() == 0) {
+    char tmpl[] = "/tmp/ucm-hang-test-XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  dir = bcast_string(dir);
+  ASSERT_FALSE(dir.empty());
+  struct DirRemover {
+    std::string d;
+    ~DirRemover() {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0)
+        nftw(d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8, FTW_DEPTH | FTW_PHYS);
+    }
+  } remover{dir};
+  const std::string spec = "posix:" + dir + ",direct=off";
+  const ucm_key_t key = ukey(960 + static_cast<uint64_t>(world_rank()), 0);
+  {  // The store holds the shard.
+    ucm_config_t cfg = task_config(64, spec.c_str());
+    ucm_cache_t cache = nullptr;
+    ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+    std::vector<uint8_t> src(kTaskShard);
+    sim_fill(ikey(key), src.data(), src.size());
+    ucm_dump_entry_t e{key, src.data()};
+    ucm_task_t t = 0;
+    ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+    EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  }
+  ucm_config_t cfg = task_config(64, spec.c_str());
+  cfg.timeout_ms = 2000;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  Backend* store = impl_of(cache)->backend();
+  KernelHang hang(cache);
+  int armed = hang.armed() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &armed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!armed) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+    GTEST_SKIP() << "no userfaultfd to hold a read in the kernel: " << hang.why_not;
+  }
+  const uint64_t before = Cache::io_threads_left_behind();
+  LoadBatch b;
+  b.add(key);
+  // The task fails at its deadline; the store's read stays in the kernel.
+  EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
+      << msg(cache);
+  EXPECT_TRUE(b.untouched(0));
+  const bool held = store->counters().inflight_loads == 1;
+  EXPECT_TRUE(held) << "the store's read returned: nothing held it in the kernel";
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t f0 = now_ns();
+  const ucm_result_t fin = ucm_cache_finalize(&cache);
+  const uint64_t fin_ms = ms_since(f0);
+  const std::string fin_msg = msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  EXPECT_LE(fin_ms, cfg.timeout_ms + kSlackMs);
+  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
+  EXPECT_NE(fin_msg.find("1 of the store's I/O thread(s) were still in the kernel"), std::string::npos) << fin_msg;
+  EXPECT_EQ(Cache::io_threads_left_behind(), before + 1);
+  if (!held || Cache::io_threads_left_behind() != before + 1) return;  // the store object is gone
+  // The kernel lets the read go: it faults on the fenced-off slot (EFAULT),
+  // and the detached thread ends without touching anything (the store object
+  // it returns into is kept). Bounded: a hang, not slowness.
+  hang.release();
+  const uint64_t w0 = now_ns();
+  while (store->counters().inflight_loads != 0 && ms_since(w0) < 30000) usleep(2000);
+  EXPECT_EQ(store->counters().inflight_loads, 0u) << "the detached read never came back";
+  EXPECT_EQ(store->counters().load_failures, 1u) << "the late read did not fail (did it land somewhere?)";
+  std::printf("rank %d: finalize returned in %llu ms with a read stuck in the kernel (timeout_ms %u)\n", world_rank(),
+              static_cast<unsigned long long>(fin_ms), cfg.timeout_ms);
 }
 
 }  // namespace
