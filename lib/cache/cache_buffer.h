@@ -17,6 +17,10 @@
 //                          wait_for_change(slot, word) until Ready (read,
 //                          release) or Failed (try_take_over() -> owner, or
 //                          wait again on the new word).
+//                          A Failed slot that no longer holds k was
+//                          abandoned by its owner at its deadline
+//                          (abandon_load(): its I/O may still write into
+//                          it): release() it and get(k) again.
 //               -> Result::kNoSpace when every slot is pinned.
 //                  A Corrupt slot (the store's copy failed its checks) is
 //                  answered kWaiter with its word: the caller fails the load
