@@ -97,6 +97,9 @@ Result SimBackend::parse_options(const Spec& spec, SimOptions* o, std::vector<Ke
       UCM_CHECK(spec_u64(k, v, 1, kKeySetMaxCapacity, &o->dumped_capacity));
     } else if (k == "hang_ms") {
       UCM_CHECK(spec_u64(k, v, 0, 3'600'000, &o->hang_ms));
+    } else if (k == "hang_dumps") {
+      UCM_CHECK(spec_u64(k, v, 0, 1, &u));
+      o->hang_dumps = u != 0;
     } else if (k == "hang_sync") {
       UCM_CHECK(spec_u64(k, v, 0, 1, &u));
       o->hang_sync = u != 0;
@@ -213,7 +216,7 @@ void SimBackend::submit(IoRequest* req, bool is_load) {
 void SimBackend::admit_locked(IoRequest* req, bool is_load, uint64_t now) {
   ++admitted_;
   if (is_load) counters_.load_started();  // in flight = admitted, not queued
-  if (is_load && hang_.count(fault_key(req->key))) {
+  if ((is_load || opts_.hang_dumps) && hang_.count(fault_key(req->key))) {
     if (opts_.hang_ms > 0) {  // completes late, with the key's bytes
       timed_.push(Pending{now + opts_.hang_ms * 1000000ull, req, is_load});
       cv_.notify_one();

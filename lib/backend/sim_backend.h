@@ -11,11 +11,12 @@
 // Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
 //           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
 //           populated=all|dumped,dumped_capacity=1048576
-//           hang_ms=0,hang_sync=0
+//           hang_ms=0,hang_sync=0,hang_dumps=0
 // (LO: the low 64 bits of the block id, in decimal.) fail_keys fail loads and
 // dumps; hang_keys hang loads only: until the store is destroyed, or with
 // hang_ms > 0 for that long, after which the load completes with the key's
-// bytes (a late completion). hang_sync=1 makes exists() of a hung key, and
+// bytes (a late completion). hang_dumps=1 hangs their dumps the same way.
+// hang_sync=1 makes exists() of a hung key, and
 // touch() of a block with a hung key, block the same way (a store stuck in a
 // synchronous call); clear_faults() releases them. With populated=dumped only
 // shards that were dumped exist and load; by default every key exists.
@@ -58,6 +59,7 @@ struct SimOptions {
   uint64_t dumped_capacity = uint64_t{1} << 20;  // keys the populated=dumped table holds
   uint64_t hang_ms = 0;    // a hung load completes after this long; 0: at destruction
   bool hang_sync = false;  // exists()/touch() of hung keys block too
+  bool hang_dumps = false; // dumps of hung keys hang too
 };
 
 struct KeyHash {

@@ -192,6 +192,46 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
 }
 
+// A write-through that the store does not complete by the task's deadline
+// fails the dump (the bytes are not known to be in the store); its late
+// completion is dropped; once the store answers, the next dump writes again.
+TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=970.0,hang_dumps=1,hang_ms=4000");
+  cfg.timeout_ms = 1500;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  SimBackend* sim = sim_of(cache);
+  ASSERT_NE(sim, nullptr);
+  const ucm_key_t key = ukey(970, 0);
+  std::vector<uint8_t> src(kTaskShard);
+  sim_fill(ikey(key), src.data(), src.size());
+  ucm_dump_entry_t e{key, src.data()};
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+  const ucm_result_t r = ucm_task_wait(cache, t, static_cast<int64_t>(cfg.timeout_ms + kSlackMs));
+  const uint64_t ms = ms_since(t0);
+  // The writer's entry times out; a peer that waited for that write hears it failed.
+  EXPECT_TRUE(r == UCM_ERR_TIMEOUT || r == UCM_ERR_BACKEND) << r << ": " << msg(cache);
+  EXPECT_LE(ms, cfg.timeout_ms + kSlackMs);
+  int timed_out = r == UCM_ERR_TIMEOUT ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &timed_out, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(timed_out, 1) << "the writer's own entry";
+  sim->clear_faults();
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+  EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+  LoadQueue* q = impl_of(cache)->queue();
+  const uint64_t w0 = now_ns();
+  while (q->late_completions() < q->expired_ios() && ms_since(w0) < 4000 + kSlackMs) usleep(2000);
+  EXPECT_EQ(q->late_completions(), q->expired_ios());
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_cache_sound(cache, true);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
 // Holds every touch of this process's data plane in the kernel: a
 // userfaultfd nobody serves, registered over every slot in minor-fault mode
 // after this process's page-table entries for the slots were dropped (the
