@@ -302,11 +302,21 @@ typedef struct ucm_stats {
  *      starts after this), and every ucm_task_wait blocked on this cache
  *      returns UCM_ERR_FINALIZED (its task is abandoned);
  *   3. the calls still in flight on other threads get timeout_ms to return;
- *   4. the node's ranks meet, and the cache is torn down.
+ *   4. the node's ranks meet through the shared control region (not an MPI
+ *      barrier), and the cache is torn down.
+ * The whole call is bounded by timeout_ms. A peer that died before it came is
+ * UCM_ERR_PEER_DEAD naming its local rank; a live one that had not come by
+ * then UCM_ERR_TIMEOUT naming it; this rank releases what it holds either way.
  * If calls are still running after timeout_ms (a thread stuck in the kernel),
  * the ranks still meet, but the cache's memory and threads are left in place
  * rather than freed under those calls, until the process exits: the result is
- * UCM_ERR_TIMEOUT, naming how many. A second finalize of the same handle
+ * UCM_ERR_TIMEOUT, naming how many. The store's I/O threads get timeout_ms
+ * too: any still in the kernel then (a hard-mounted NFS that stopped
+ * answering) are detached, never joined, and the result is UCM_ERR_TIMEOUT
+ * naming how many; the store object they return into stays allocated, and
+ * this rank's mapping of the cache is replaced by an inaccessible one at the
+ * same address, so that a read the kernel completes late fails (EFAULT)
+ * instead of writing into the cache. A second finalize of the same handle
  * (another thread's, or a later one) returns UCM_ERR_FINALIZED; a NULL
  * argument UCM_ERR_NULL_POINTER.
  * Threads: the thread that calls MPI for the app, as any collective; it may

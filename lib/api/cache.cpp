@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -182,11 +183,29 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
   return collective_status(node_.comm, r);
 }
 
+namespace {
+std::atomic<uint64_t> g_io_threads_left{0};
+}  // namespace
+
+uint64_t Cache::io_threads_left_behind() { return g_io_threads_left.load(std::memory_order_relaxed); }
+
 void Cache::release_local() {
   // Order matters: the queue's threads stop first; the backend then completes
   // every I/O still in flight (its completions touch the queue and the cache);
   // only then do the cache and the planes go.
   if (queue_) queue_->stop();
+  // Bounded by timeout_ms: a store stuck in the kernel (a hard-mounted NFS
+  // that stopped answering) must not hang finalize. Its stuck threads are
+  // detached; they may return into the store object (kept: never freed) and
+  // still write into a slot from the kernel, so the data plane is fenced off
+  // below before this rank's pins go.
+  if (backend_) {
+    io_left_ = backend_->shutdown(deadline_after_ms(config_.timeout_ms));
+    if (io_left_ > 0) {
+      g_io_threads_left.fetch_add(io_left_, std::memory_order_relaxed);
+      (void)backend_.release();
+    }
+  }
   backend_.reset();
   store_state_ = NodeState();
   queue_.reset();
@@ -199,6 +218,10 @@ void Cache::release_local() {
     for (void* p : registered_) engine_->unregister_host(p);
   registered_.clear();
   engine_.reset();
+  // PROT_NONE at the same addresses (buffer_data.h): a late write from a
+  // detached thread faults (EFAULT) instead of landing in a slot that another
+  // rank may re-key once this rank's pins are gone.
+  if (io_left_ > 0) (void)data_.fence_off();
   if (joined_) ctrl_.leave(static_cast<uint32_t>(node_.local_rank));
   joined_ = false;
   data_ = BufferData();
@@ -215,9 +238,15 @@ void Cache::stop_tasks() noexcept {
     (void)exception_result("ucm_cache_finalize");
     UCM_WARN("stopping the queue at finalize failed: %s", last_error().c_str());
   }
-  std::lock_guard<std::mutex> g(tasks_mu_);
-  closing_ = true;
-  for (auto& [id, t] : tasks_) t->abandon();
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    closing_ = true;
+    for (auto& [id, t] : tasks_) t->abandon();
+  }
+  // Tell the peers now, before this rank waits for its calls in flight: they
+  // may be draining theirs too, and the meeting must not wait for the slowest
+  // drain on top of its own.
+  if (ctrl_.valid() && joined_) announce_departure(ctrl_, static_cast<uint32_t>(node_.local_rank));
 }
 
 Result Cache::depart(uint64_t deadline_ns) {
@@ -237,6 +266,12 @@ Result Cache::finalize(uint64_t deadline_ns) {
   const std::string why = r == Result::kOk ? std::string() : last_error();
   release_local();
   if (r != Result::kOk) return fail(r, "%s (this rank released everything it held)", why.c_str());
+  if (io_left_ > 0)
+    return fail(Result::kTimeout,
+                "the cache is finalized, but %u of the store's I/O thread(s) were still in the kernel %u ms "
+                "(timeout_ms) after finalize began: they are detached, never joined, and the data plane is fenced "
+                "off (PROT_NONE) so that a late write cannot land in the cache",
+                io_left_, config_.timeout_ms);
   return r;
 }
 

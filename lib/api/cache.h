@@ -69,6 +69,7 @@ class Cache {
   CacheBuffer* buffer() const { return buffer_.get(); }
   Backend* backend() const { return backend_.get(); }
   CopyEngine* engine() const { return engine_.get(); }
+  LoadQueue* queue() const { return queue_.get(); }
   const Placement& placement() const { return placement_; }
   bool scheduler() const { return device_id_ < 0; }
 
@@ -77,6 +78,9 @@ class Cache {
   [[nodiscard]] Result wait(uint64_t id, int64_t timeout_ms);
   [[nodiscard]] Result test(uint64_t id, int* done);
   void stats(ucm_stats_t* rank, ucm_stats_t* node) const;
+  // Store I/O threads that finalize left in the kernel in this process (all
+  // caches): detached, never joined (release_local()).
+  static uint64_t io_threads_left_behind();
 
   // The per-cache last-error string (thread-safe).
   void set_error(const std::string& e);
@@ -87,6 +91,7 @@ class Cache {
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
   Result open_rank();
   void release_local();
+  uint32_t io_left_ = 0;  // this cache's store threads left in the kernel at finalize
 
   ucm_config_t config_{};
   NodeContext node_;

@@ -46,11 +46,14 @@ UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
     if (gone.cache) return gone.cache->finalize(deadline);
     // Calls on other threads still use the cache: keep it as it is, but meet
     // the peers, who must not wait for this rank.
-    UCM_CHECK(gone.still_used->depart(deadline));
+    // The calls left running are this rank's news; a peer that did not come
+    // is added to it, not put in its place.
+    std::string peers;
+    if (gone.still_used->depart(deadline) != ucm::Result::kOk) peers = "; also: " + ucm::last_error();
     return ucm::fail(ucm::Result::kTimeout,
                      "%u call(s) on other threads were still running %u ms (timeout_ms) after finalize began: the "
-                     "handle is finalized, but the cache's memory and threads are left in place, not freed under them",
-                     gone.calls, timeout_ms);
+                     "handle is finalized, but the cache's memory and threads are left in place, not freed under them%s",
+                     gone.calls, timeout_ms, peers.c_str());
   }));
 }
 

@@ -79,6 +79,18 @@ class Backend {
   // Whether the store holds a complete copy of k.
   [[nodiscard]] virtual Result exists(const Key& k, bool* out) = 0;
   virtual BackendCounters counters() const = 0;
+  // Stops the store's threads, waiting for them until `deadline_ns`, and
+  // completes every request still queued (kTimeout). Returns how many threads
+  // are still stuck (in the kernel: a hard-mounted NFS that stopped
+  // answering): those are detached and will never call a request's done();
+  // they may still write into a load's buffer from the kernel, and return
+  // into the store object, which the caller must then never destroy. 0: the
+  // store is idle and may be destroyed. Stores with no threads of their own
+  // that can block keep the default.
+  virtual uint32_t shutdown(uint64_t deadline_ns) {
+    (void)deadline_ns;
+    return 0;
+  }
 };
 
 // Builds the store named by `spec`. Errors name the bad part of the spec.

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <random>
 
+#include "common/time.h"
+
 #include "common/checksum.h"
 #include "common/log.h"
 
@@ -219,15 +221,50 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
 }
 
 PosixBackend::~PosixBackend() {
+  // Unbounded here: a caller that must not wait forever calls shutdown()
+  // first, and keeps the object if it reports threads left behind.
+  (void)shutdown(kNoDeadline);
+  close(dir_fd_);
+}
+
+uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
+  std::deque<std::pair<IoRequest*, bool>> queued;
   {
     std::lock_guard<std::mutex> g(mu_);
     stopping_ = true;
+    queued.swap(queue_);
   }
   cv_.notify_all();
-  for (auto& t : threads_) t.join();
   // Requests still queued get their one completion.
-  for (auto& [req, is_load] : queue_) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
-  close(dir_fd_);
+  for (auto& [req, is_load] : queued) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+  uint32_t left = 0;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    const size_t n = threads_.size();
+    while (exited_ < n) {
+      const uint64_t now = now_ns();
+      if (now >= deadline_ns) break;
+      if (deadline_ns == kNoDeadline) exit_cv_.wait(lk);
+      else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
+    }
+    left = static_cast<uint32_t>(n - std::min<size_t>(exited_, n));
+  }
+  if (left == 0) {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    return 0;
+  }
+  {
+    // Waits out a worker in the middle of a checksum or a done(); the stuck
+    // ones are in the kernel and hold nothing.
+    std::unique_lock<std::shared_mutex> g(buf_mu_);
+    abandoned_ = true;
+  }
+  for (auto& t : threads_) t.detach();
+  threads_.clear();
+  UCM_WARN("posix store at %s: %u I/O thread(s) still in the kernel %s after shutdown began: detached, never joined",
+           opts_.dir.c_str(), left, deadline_ns == kNoDeadline ? "" : "at the deadline");
+  return left;
 }
 
 std::string PosixBackend::block_path(const BlockId& b) const { return opts_.dir + "/" + block_name(b); }
@@ -250,7 +287,7 @@ void PosixBackend::worker() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
+      if (stopping_) break;
       item = queue_.front();
       queue_.pop_front();
     }
@@ -262,8 +299,14 @@ void PosixBackend::worker() {
       do_dump(item.first);
       counters_.dump_finished(*item.first);
     }
+    std::shared_lock<std::shared_mutex> g(buf_mu_);
+    // Left behind by shutdown(): whoever gave us the request is gone.
+    if (abandoned_) return;
     item.first->done(item.first);
   }
+  std::lock_guard<std::mutex> g(mu_);
+  ++exited_;
+  exit_cv_.notify_all();
 }
 
 bool PosixBackend::aligned_for_direct(const IoRequest* req) const {
@@ -421,9 +464,16 @@ void PosixBackend::do_load(IoRequest* req) {
       req->result = Result::kCorrupt;
       key_error(req->error, sizeof(req->error), req->key, path, "the shard is truncated: %zd of %" PRIu64 " bytes", n,
                 req->bytes);
-    } else if (checksum64(req->buf, req->bytes) != h.checksum) {
-      req->result = Result::kCorrupt;
-      key_error(req->error, sizeof(req->error), req->key, path, "the shard fails its checksum");
+    } else {
+      // User space reads the buffer: not once shutdown() has abandoned us
+      // (the buffer may be fenced off by then).
+      std::shared_lock<std::shared_mutex> g(buf_mu_);
+      if (abandoned_) {
+        req->result = Result::kTimeout;
+      } else if (checksum64(req->buf, req->bytes) != h.checksum) {
+        req->result = Result::kCorrupt;
+        key_error(req->error, sizeof(req->error), req->key, path, "the shard fails its checksum");
+      }
     }
   }
   close(fd);
@@ -440,7 +490,15 @@ void PosixBackend::do_dump(IoRequest* req) {
   h.block_lo = req->key.block.lo;
   h.shard = req->key.shard;
   h.length = req->bytes;
-  h.checksum = checksum64(req->buf, req->bytes);
+  {
+    std::shared_lock<std::shared_mutex> g(buf_mu_);
+    if (abandoned_) {
+      close(fd);
+      req->result = Result::kTimeout;
+      return;
+    }
+    h.checksum = checksum64(req->buf, req->bytes);
+  }
   h.check = header_check(h);
   const ssize_t n = transfer(req, fd, false);
   ssize_t hn = 0;

@@ -46,6 +46,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,10 @@ class PosixBackend final : public Backend {
   // (unreadable, or not a regular file of this user).
   [[nodiscard]] Result exists(const Key& k, bool* out) override;
   BackendCounters counters() const override { return counters_.snapshot(); }
+  // Bounded: threads still in the kernel at the deadline are detached
+  // (backend.h). From then on a thread that returns touches the request's
+  // buffer in user space, or calls done(), only if it is not abandoned.
+  uint32_t shutdown(uint64_t deadline_ns) override;
 
   // Whether direct I/O is (still) used: false once the file system refused it.
   bool direct_io() const { return direct_ok_.load(std::memory_order_relaxed); }
@@ -136,7 +141,14 @@ class PosixBackend final : public Backend {
   std::condition_variable cv_;
   std::deque<std::pair<IoRequest*, bool>> queue_;
   bool stopping_ = false;
+  uint32_t exited_ = 0;  // under mu_: workers that returned
+  std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
+  // Shared by a worker while it reads or writes a request's buffer in user
+  // space or runs its done(); shutdown() takes it exclusively to abandon the
+  // workers it leaves behind, before the caller fences the buffers off.
+  std::shared_mutex buf_mu_;
+  bool abandoned_ = false;  // under buf_mu_
 };
 
 }  // namespace ucm

@@ -95,6 +95,14 @@ Result SimBackend::parse_options(const Spec& spec, SimOptions* o, std::vector<Ke
       o->populated_all = v == "all";
     } else if (k == "dumped_capacity") {
       UCM_CHECK(spec_u64(k, v, 1, kKeySetMaxCapacity, &o->dumped_capacity));
+    } else if (k == "hang_ms") {
+      UCM_CHECK(spec_u64(k, v, 0, 3'600'000, &o->hang_ms));
+    } else if (k == "hang_dumps") {
+      UCM_CHECK(spec_u64(k, v, 0, 1, &u));
+      o->hang_dumps = u != 0;
+    } else if (k == "hang_sync") {
+      UCM_CHECK(spec_u64(k, v, 0, 1, &u));
+      o->hang_sync = u != 0;
     } else if (k == "fail_keys") {
       UCM_CHECK(parse_key_list(k, v, fails));
     } else if (k == "hang_keys") {
@@ -148,6 +156,10 @@ SimBackend::~SimBackend() {
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return sync_held_ == 0; });  // they return at once on stopping_
+  }
   // Every request gets its one completion, even those held by a hang fault.
   for (IoRequest* r : abandoned) complete_with(r, Result::kTimeout, "sim store shut down with the request pending");
 }
@@ -163,9 +175,27 @@ void SimBackend::hang_key(const Key& k) {
 }
 
 void SimBackend::clear_faults() {
-  std::lock_guard<std::mutex> g(mu_);
-  fail_.clear();
-  hang_.clear();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    fail_.clear();
+    hang_.clear();
+  }
+  cv_.notify_all();  // releases the calls held by hang_sync
+}
+
+template <typename Pred>
+void SimBackend::hold_sync(Pred hung) {
+  if (!opts_.hang_sync) return;
+  std::unique_lock<std::mutex> lk(mu_);
+  const uint64_t until = opts_.hang_ms > 0 ? now_ns() + opts_.hang_ms * 1000000ull : kNoDeadline;
+  ++sync_held_;
+  while (!stopping_ && hung()) {
+    const uint64_t now = now_ns();
+    if (now >= until) break;
+    if (until == kNoDeadline) cv_.wait(lk);
+    else cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
+  }
+  if (--sync_held_ == 0 && stopping_) cv_.notify_all();
 }
 
 std::vector<BlockId> SimBackend::touched_blocks() const {
@@ -186,8 +216,13 @@ void SimBackend::submit(IoRequest* req, bool is_load) {
 void SimBackend::admit_locked(IoRequest* req, bool is_load, uint64_t now) {
   ++admitted_;
   if (is_load) counters_.load_started();  // in flight = admitted, not queued
-  if (is_load && hang_.count(fault_key(req->key))) {
-    hung_.push_back(req);  // occupies its in-flight place until shutdown
+  if ((is_load || opts_.hang_dumps) && hang_.count(fault_key(req->key))) {
+    if (opts_.hang_ms > 0) {  // completes late, with the key's bytes
+      timed_.push(Pending{now + opts_.hang_ms * 1000000ull, req, is_load});
+      cv_.notify_one();
+    } else {
+      hung_.push_back(req);  // occupies its in-flight place until shutdown
+    }
     return;
   }
   uint64_t transfer_ns = 0;
@@ -277,12 +312,19 @@ void SimBackend::finish(IoRequest* req, bool is_load) {
 }
 
 void SimBackend::touch(const BlockId* blocks, size_t n) {
+  hold_sync([&] {
+    for (size_t i = 0; i < n; ++i)
+      for (const Key& h : hang_)
+        if (h.block.lo == blocks[i].lo) return true;
+    return false;
+  });
   counters_.touches.fetch_add(n, std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < n && touched_.size() < kTouchLogLimit; ++i) touched_.push_back(blocks[i]);
 }
 
 Result SimBackend::exists(const Key& k, bool* out) {
+  hold_sync([&] { return hang_.count(fault_key(k)) != 0; });
   if (k.shard >= ctx_.shards_per_block) {
     *out = false;
     return Result::kOk;

@@ -11,8 +11,14 @@
 // Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
 //           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
 //           populated=all|dumped,dumped_capacity=1048576
+//           hang_ms=0,hang_sync=0,hang_dumps=0
 // (LO: the low 64 bits of the block id, in decimal.) fail_keys fail loads and
-// dumps; hang_keys hang loads only. With populated=dumped only
+// dumps; hang_keys hang loads only: until the store is destroyed, or with
+// hang_ms > 0 for that long, after which the load completes with the key's
+// bytes (a late completion). hang_dumps=1 hangs their dumps the same way.
+// hang_sync=1 makes exists() of a hung key, and
+// touch() of a block with a hung key, block the same way (a store stuck in a
+// synchronous call); clear_faults() releases them. With populated=dumped only
 // shards that were dumped exist and load; by default every key exists.
 //
 // populated=dumped is the node's truth, not a process's: the dumped keys live
@@ -51,6 +57,9 @@ struct SimOptions {
   uint64_t seed = 1;
   bool populated_all = true;
   uint64_t dumped_capacity = uint64_t{1} << 20;  // keys the populated=dumped table holds
+  uint64_t hang_ms = 0;    // a hung load completes after this long; 0: at destruction
+  bool hang_sync = false;  // exists()/touch() of hung keys block too
+  bool hang_dumps = false; // dumps of hung keys hang too
 };
 
 struct KeyHash {
@@ -79,6 +88,11 @@ class SimBackend final : public Backend {
   void fail_key(const Key& k);
   void hang_key(const Key& k);
   void clear_faults();
+  // Calls held in exists()/touch() by hang_sync right now.
+  uint32_t sync_calls_held() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return sync_held_;
+  }
   // Every block passed to touch(), in call order (the first million).
   std::vector<BlockId> touched_blocks() const;
   const SimOptions& options() const { return opts_; }
@@ -98,6 +112,10 @@ class SimBackend final : public Backend {
   void worker();
   void finish(IoRequest* req, bool is_load);
   bool should_fail(const Key& k);
+  // hang_sync: blocks while `hung` holds (under mu_), until destruction,
+  // clear_faults(), or hang_ms.
+  template <typename Pred>
+  void hold_sync(Pred hung);
 
   const SimOptions opts_;
   const BackendContext ctx_;
@@ -109,6 +127,7 @@ class SimBackend final : public Backend {
   std::deque<std::pair<IoRequest*, bool>> waiting_;  // over the in-flight limit
   std::vector<IoRequest*> hung_;
   uint32_t admitted_ = 0;
+  uint32_t sync_held_ = 0;  // calls inside hold_sync(); the destructor waits them out
   bool stopping_ = false;
   std::unordered_set<Key, KeyHash> fail_, hang_;
   NodeState private_state_;  // the table's memory when the context gave none

@@ -102,10 +102,17 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
       break;
     }
     if (s == State::kFailed || word_owner(w) == kNoOwner) {
+      // An abandoned load's slot loses its key before it turns Failed
+      // (abandon_load): seen Failed, the key is re-checked, never taken over.
+      if (!slot_has_key(c, i, k)) {
+        unpin_slot(c, opts_.rank, i);
+        *a = Attach::kRetry;
+        return Result::kOk;
+      }
       // Take over a failed load, or a preallocated / recovered Idle slot.
       const uint32_t nw = word_next(w, State::kIdle, opts_.rank);
       if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-      if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+      if (w & kWordWaiters) wake_word(word);
       const bool was_prealloc = s == State::kIdle;
       mark_accessed(c, i);
       bump_shared(ctr_->takeovers);
@@ -267,7 +274,7 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
   // CLOCK keeps bytes the store lacks (clock.h) and takes a corrupt copy first.
   if (for_write) ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
   if (s == State::kCorrupt) ctrl_->accessed(slot).store(0, std::memory_order_relaxed);
-  if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+  if (w & kWordWaiters) wake_word(word);
   return Result::kOk;
 }
 
@@ -391,9 +398,112 @@ bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_c
   uint32_t w = observed;
   if (!word.compare_exchange_strong(w, word_next(observed, State::kIdle, opts_.rank), std::memory_order_acq_rel))
     return false;
-  if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+  if (w & kWordWaiters) wake_word(word);
   bump_shared(ctr_->takeovers);
   return true;
+}
+
+Result CacheBuffer::abandon_load(uint32_t slot, uint32_t expected) {
+  const BufferCtrl& c = *ctrl_;
+  if (slot >= c.total_slots())
+    return fail(Result::kInvalidArg, "abandon_load: slot %u >= %u slots", slot, c.total_slots());
+  const Key k = slot_key(c, slot);
+  if (k.shard == kEmptyShard) return fail(Result::kBadState, "abandon_load: slot %u holds no key", slot);
+  const uint32_t b = bucket_of(k, c.bucket_mask());
+  UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline_after_ms(opts_.lock_timeout_ms)));
+  std::atomic<uint32_t>& word = c.slot(slot).word;
+  uint32_t w = word.load(std::memory_order_acquire);
+  if (word_changed(w, expected) || word_state(w) != State::kIdle || word_owner(w) != opts_.rank ||
+      !slot_has_key(c, slot, k)) {
+    shared_unlock(&c.bucket(b).lock);
+    return fail(Result::kBadState, "abandon_load: slot %u's load by rank %u already ended", slot, opts_.rank);
+  }
+  // Off the chain first (one release store), then keyless: a walker already
+  // on the slot re-checks the key after its pin and moves on.
+  bool found = false;
+  if (const Result u = chain_unlink(c, b, slot, &found); u != Result::kOk) {
+    shared_unlock(&c.bucket(b).lock);
+    return u;
+  }
+  c.slot(slot).shard.store(kEmptyShard, std::memory_order_relaxed);
+  c.accessed(slot).store(0, std::memory_order_relaxed);
+  bool hold_moved = false;
+  for (;;) {
+    if (word_state(w) != State::kIdle || word_owner(w) != opts_.rank) {
+      // Another thread of this rank dropped its last reference meanwhile
+      // (release() marks such a load Failed): the slot floats keyless all the same.
+      if (hold_moved) unpin_slot(c, opts_.rank, slot);
+      w = 0;
+      break;
+    }
+    uint32_t nw = word_next(w, State::kFailed, opts_.rank);
+    if ((w & kWordHold) && !hold_moved) {
+      ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
+      hold_moved = true;
+    }
+    // Release: the cleared key happens-before any reader that sees Failed.
+    if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+  }
+  shared_unlock(&c.bucket(b).lock);
+  if (w & kWordWaiters) wake_word(word);
+  return Result::kOk;
+}
+
+bool CacheBuffer::holds_key(uint32_t slot, const Key& k) const {
+  return slot < ctrl_->total_slots() && slot_has_key(*ctrl_, slot, k);
+}
+
+void CacheBuffer::ring_bell() const {
+  std::atomic<uint32_t>& bell = ctrl_->globals().bell;
+  bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&bell, kWakeAll);
+}
+
+void CacheBuffer::wake_word(std::atomic<uint32_t>& word) const {
+  futex_wake(&word, kWakeAll);
+  ring_bell();
+}
+
+Result CacheBuffer::wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
+                             uint64_t deadline_ns) {
+  const BufferCtrl& c = *ctrl_;
+  for (size_t i = 0; i < n; ++i)
+    if (slots[i] >= c.total_slots())
+      return fail(Result::kInvalidArg, "wait_any: slot %u >= %u slots", slots[i], c.total_slots());
+  const uint64_t now = now_ns();
+  if (now >= deadline_ns) return fail(Result::kTimeout, "wait_any: the deadline has passed");
+  const uint64_t until = std::min(deadline_ns, now + slice_ns_);
+  if (opts_.wait == WaitMode::kPoll) {
+    // The legacy waiter: lock, read, unlock each, then sleep.
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t w = 0;
+      UCM_CHECK(poll_once(slots[i], deadline_ns, &w));
+      if (word_changed(w, words[i])) return Result::kOk;
+    }
+    sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, until - now));
+    return Result::kOk;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::atomic<uint32_t>& word = c.slot(slots[i]).word;
+    uint32_t w = word.load(std::memory_order_seq_cst);
+    for (;;) {
+      if (word_changed(w, words[i])) return Result::kOk;
+      if (w & kWordWaiters) break;
+      if (word.compare_exchange_weak(w, w | kWordWaiters, std::memory_order_seq_cst)) break;
+    }
+  }
+  std::atomic<uint32_t>& bell = c.globals().bell;
+  if (bell.load(std::memory_order_seq_cst) != bell_seen) return Result::kOk;
+  for (size_t i = 0; i < n; ++i)
+    if (word_changed(c.slot(slots[i]).word.load(std::memory_order_seq_cst), words[i])) return Result::kOk;
+  (void)futex_wait(&bell, bell_seen, until);
+  if (now_ns() >= until) {
+    // A silent slice: are the ranks we wait on still there? (Recovery turns
+    // a dead owner's load Failed; it does not ring the bell.)
+    for (size_t i = 0; i < n; ++i) note_waited_on(c.slot(slots[i]).word.load(std::memory_order_acquire), deadline_ns);
+    if (now_ns() >= deadline_ns) return fail(Result::kTimeout, "wait_any: nothing changed by the deadline");
+  }
+  return Result::kOk;
 }
 
 Result CacheBuffer::check_owner(uint32_t slot, uint32_t w) const {
@@ -477,7 +587,7 @@ void CacheBuffer::release(uint32_t slot) {
   // A finished load of ours: the hold goes first, without reading the row.
   while (word_owner(w) == opts_.rank && (w & kWordHold) && word_state(w) != State::kIdle) {
     if (word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
-      if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+      if (w & kWordWaiters) wake_word(word);
       return;
     }
   }
@@ -516,7 +626,7 @@ void CacheBuffer::release(uint32_t slot) {
       const bool abandon = word_state(w) == State::kIdle;
       const uint32_t nw = abandon ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
       if (word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {
-        if (w & kWordWaiters) futex_wake(&word, kWakeAll);
+        if (w & kWordWaiters) wake_word(word);
         if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
         return;
       }
@@ -529,7 +639,7 @@ void CacheBuffer::release(uint32_t slot) {
       w = word.load(std::memory_order_acquire);
       while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !(w & kWordHold)) {
         if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
-          futex_wake(&word, kWakeAll);
+          wake_word(word);
           UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
           break;
         }

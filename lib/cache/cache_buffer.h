@@ -17,6 +17,10 @@
 //                          wait_for_change(slot, word) until Ready (read,
 //                          release) or Failed (try_take_over() -> owner, or
 //                          wait again on the new word).
+//                          A Failed slot that no longer holds k was
+//                          abandoned by its owner at its deadline
+//                          (abandon_load(): its I/O may still write into
+//                          it): release() it and get(k) again.
 //               -> Result::kNoSpace when every slot is pinned.
 //                  A Corrupt slot (the store's copy failed its checks) is
 //                  answered kWaiter with its word: the caller fails the load
@@ -109,6 +113,30 @@ class CacheBuffer {
   // `replace_corrupt`, to dump the key over it) becomes the owner; exactly
   // one of the racing ranks wins.
   bool try_take_over(uint32_t slot, uint32_t observed, bool replace_corrupt = false);
+  // This rank's load into `slot` passed its deadline while the store may
+  // still write into the slot. Under the key's bucket lock: unlinks the slot
+  // from its chain, clears its key and marks it Failed (waking its waiters);
+  // the owner's hold becomes a pin of this rank, as in mark_failed(). The
+  // slot then floats, keyless, kept by the I/O's own pin until the store
+  // really completes (or the rank leaves), so nothing re-keys it under a late
+  // write; CLOCK takes it back once unpinned (clock.h). Waiters that see
+  // Failed on a slot that no longer holds their key release it and get() the
+  // key again: they take over the key, never the slot. kBadState, and no
+  // change, when the word is no longer `expected` (the load ended meanwhile).
+  [[nodiscard]] Result abandon_load(uint32_t slot, uint32_t expected);
+  // Whether `slot` holds k now (a caller holding a reference re-checks after
+  // seeing Failed: an abandoned load's slot holds no key).
+  bool holds_key(uint32_t slot, const Key& k) const;
+  // The node's completion doorbell (layout.h): read it before looking at the
+  // words to wait on, then wait_any() on what was read.
+  uint32_t bell() const { return ctrl_->globals().bell.load(std::memory_order_seq_cst); }
+  void ring_bell() const;
+  // Sleeps until a slot's word differs from its words[i] (in substance), the
+  // bell moves from `bell_seen`, or the deadline (kTimeout); sets the waiters
+  // bit of each word first. Checks the owners' liveness every slice. kOk
+  // tells the caller to look again; it may be spurious.
+  [[nodiscard]] Result wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
+                                uint64_t deadline_ns);
   // One more pin on a slot this rank already holds a reference to (a pin or
   // the owner's hold), for work that must outlive
   // the caller's own pin (a backend I/O into the slot).
@@ -165,6 +193,7 @@ class CacheBuffer {
   void note_writer(uint32_t stored_word, uint64_t deadline_ns);
   uint64_t reap_deadline(uint64_t deadline_ns) const;
   Result check_owner(uint32_t slot, uint32_t w) const;
+  void wake_word(std::atomic<uint32_t>& word) const;
 
   const BufferCtrl* ctrl_;
   const BufferData* data_;

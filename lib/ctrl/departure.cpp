@@ -21,16 +21,22 @@ std::string rank_list(const std::vector<uint32_t>& rs) {
 
 }  // namespace
 
+void announce_departure(const BufferCtrl& c, uint32_t me) {
+  if (me >= 32) return;
+  std::atomic<uint32_t>& word = c.globals().departing;
+  // Release: what this rank did in the region happens-before a peer that sees
+  // the bit and goes on to unmap.
+  word.fetch_or(1u << me, std::memory_order_acq_rel);
+  futex_wake(&word, kWakeAll);
+}
+
 Result depart_node(const BufferCtrl& c, uint32_t me, uint32_t ranks, uint64_t deadline_ns, uint64_t slice_ns,
                    DepartureReport* report) {
   *report = DepartureReport();
   if (ranks == 0 || ranks > c.max_ranks() || ranks > 32 || me >= ranks)
     return fail(Result::kInvalidArg, "depart_node: local rank %u of %u ranks (max_ranks %u)", me, ranks, c.max_ranks());
   std::atomic<uint32_t>& word = c.globals().departing;
-  // Release: what this rank did in the region happens-before a peer that sees
-  // the bit and goes on to unmap.
-  word.fetch_or(1u << me, std::memory_order_acq_rel);
-  futex_wake(&word, kWakeAll);
+  announce_departure(c, me);
   slice_ns = std::max<uint64_t>(slice_ns, 1'000'000);
   for (;;) {
     const uint32_t seen = word.load(std::memory_order_acquire);

@@ -28,7 +28,13 @@ struct DepartureReport {
   std::vector<uint32_t> missing;  // live local ranks that had not arrived by the deadline
 };
 
-// Local rank `me` of `ranks` departs and waits for the others. kOk when all
+// Sets `me`'s bit and wakes the sleepers: "this rank has entered finalize".
+// Finalize announces at its first step, before it waits for its own calls in
+// flight, so that ranks whose drains take long still meet at once afterwards.
+void announce_departure(const BufferCtrl& c, uint32_t me);
+
+// Local rank `me` of `ranks` departs (announces, if it has not) and waits for
+// the others. kOk when all
 // arrived; kPeerDead when every rank that did not arrive is dead (naming
 // them); kTimeout at the deadline (naming the live ranks still missing, and
 // any dead ones). `slice_ns` bounds each sleep between liveness checks.

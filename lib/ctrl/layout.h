@@ -17,7 +17,11 @@
 // - Bucket.lock: any rank (shared_lock, holder id = local rank + 1).
 //   Bucket.head and SlotMeta.next: only the holder of that bucket's lock, each
 //   edit one release store, so a chain is well-formed at every instruction.
-// - SlotMeta key fields: only the rank holding the slot's claim.
+// - SlotMeta key fields: only the rank holding the slot's claim; and the
+//   owner of a load past its deadline (CacheBuffer::abandon_load), which
+//   clears `shard` while its pins keep every claimer out, under the bucket
+//   lock, after unlinking the slot: the slot then floats keyless and Failed
+//   until its pins go, and CLOCK takes it as it takes any floating slot.
 // - SlotMeta.word (the futex word): CAS by the owner (mark_ready/_failed/_corrupt, and
 //   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
 //   by the claimer on re-key (a plain store: a claimed slot has no pins), and
@@ -38,7 +42,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 7;
+constexpr uint32_t kCtrlAbi = 8;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -76,6 +80,17 @@ inline uint32_t word_version(uint32_t w) { return w >> kWordVersionShift; }
 inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
   return ((word_version(w) + 1) << kWordVersionShift) | (owner << kWordOwnerShift) | static_cast<uint32_t>(s);
 }
+// The completion doorbell (CtrlGlobals.bell) lets one thread sleep on many
+// slots at once (a copier with entries in several loads): it sets the
+// waiters bit of every word it waits on, reads the bell, re-reads the words,
+// and futex-waits on the bell's value. Whoever changes a word whose waiters
+// bit was set wakes the word's sleepers and then bumps the bell (seq_cst
+// add) and wakes the bell's. A hit and an uncontended miss never see the bit,
+// so they never touch the bell. Pairs: the changer's word CAS precedes its
+// bell add; a sleeper that reads the bumped bell re-reads the word after it
+// and sees the change; one that read the bell before sleeps on a stale value
+// and returns at once. Recovery does not ring it: a sleeper also wakes every
+// liveness slice and looks again.
 // Two words differ in substance (not just in the waiters bit).
 inline bool word_changed(uint32_t a, uint32_t b) { return ((a ^ b) & ~kWordWaiters) != 0; }
 
@@ -167,6 +182,7 @@ struct alignas(64) CtrlGlobals {
   std::atomic<uint32_t> departing;                   // rank r sets bit r when it enters finalize (departure.h)
   alignas(64) std::atomic<uint64_t> recovery_lock;   // the reaper of dead ranks (process_lock: pid + start time)
   std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
+  std::atomic<uint32_t> bell;                        // any rank: the completion doorbell (below)
 };
 static_assert(sizeof(CtrlGlobals) == 256);
 static_assert(offsetof(CtrlGlobals, recovery_lock) == 192);

@@ -191,6 +191,27 @@ void BufferData::reset() {
   map_bytes_.clear();
 }
 
+size_t BufferData::fence_off() {
+  size_t failed = 0;
+  for (size_t i = 0; i < bases_.size(); ++i) {
+    // One call replaces the mapping atomically (MAP_FIXED): no moment where
+    // the range is free for another mmap to take.
+    void* m = mmap(bases_[i], map_bytes_[i], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      ++failed;
+      UCM_WARN("fencing data segment %zu (%p, %" PRIu64 " bytes) off: mmap: %s; it stays mapped", i,
+               static_cast<void*>(bases_[i]), map_bytes_[i], strerror(errno));
+    }
+  }
+  // Never munmap()ed: see the header.
+  bases_.clear();
+  map_bytes_.clear();
+  for (int fd : fds_)
+    if (fd >= 0) close(fd);
+  fds_.clear();
+  return failed;
+}
+
 uint64_t BufferData::mapped_bytes() const {
   uint64_t n = 0;
   for (uint64_t b : map_bytes_) n += b;

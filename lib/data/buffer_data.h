@@ -87,6 +87,17 @@ class BufferData {
   uint64_t segment_map_bytes(size_t i) const { return map_bytes_[i]; }
   void* segment_base(size_t i) const { return bases_[i]; }
   uint64_t mapped_bytes() const;
+  // For a store that left threads in the kernel that may still write into
+  // slots (backend.h shutdown()): replaces every segment's mapping, at the
+  // same address, with an inaccessible one (PROT_NONE, no memory behind it),
+  // and forgets the segments without unmapping that range. A late write from
+  // the kernel then fails with EFAULT instead of landing in the node's shared
+  // memory (where this rank's pins no longer keep the slot once it leaves) or
+  // in whatever a later mmap would put at a freed address. The address range
+  // stays reserved until the process exits; the shared pages are released.
+  // Returns the segments it could not fence (their mappings are kept as
+  // they are, never unmapped).
+  size_t fence_off();
 
  private:
   Result plan(const DataParams& p);

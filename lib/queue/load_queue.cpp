@@ -30,6 +30,9 @@ struct LoadQueue::Io {
   uint32_t index;
   uint32_t slot;
   bool is_load;
+  uint64_t deadline_ns = kNoDeadline;  // the task's
+  uint32_t word = 0;                   // the slot's word when the load began (abandon_load's check)
+  bool expired = false;                // under io_mu_: the completion is late, and only drops the pin
 };
 
 LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, const Placement& placement,
@@ -60,6 +63,7 @@ void LoadQueue::stop() {
   pending_cv_.notify_all();
   copier_cv_.notify_all();
   io_cv_.notify_all();
+  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
   if (dispatcher_.joinable()) dispatcher_.join();
   if (copier_.joinable()) copier_.join();
 }
@@ -248,9 +252,13 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
     }
     g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  items_.push_back(Item{t, i, g.slot, g.word, 0});
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    items_.push_back(Item{t, i, g.slot, g.word, 0});
+  }
   copier_cv_.notify_one();
+  // A copier asleep on the doorbell (copier_main) hears of new work by it.
+  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
   return true;
 }
 
@@ -268,27 +276,106 @@ void LoadQueue::idle_prealloc(const Task& t) {
 }
 
 Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
-  {
+  const uint64_t deadline = t->deadline_ns();
+  for (;;) {
+    // I/Os past their deadline give their depth back here too: the
+    // dispatcher is never held behind a hung load past its deadline.
+    const uint64_t next_expiry = expire_due_ios();
     std::unique_lock<std::mutex> lk(io_mu_);
-    while (io_inflight_ >= opts_.io_depth) {
-      io_cv_.wait_for(lk, std::chrono::nanoseconds(kStopCheckNs));
-      lk.unlock();
-      const bool stop_now = stopping();
-      lk.lock();
-      if (stop_now) break;  // let it go through: the backend completes it on shutdown
+    if (io_inflight_ < opts_.io_depth) {
+      ++io_inflight_;
+      break;
     }
-    ++io_inflight_;
+    lk.unlock();
+    if (stopping()) {  // let it go through: the backend completes it on shutdown
+      lk.lock();
+      ++io_inflight_;
+      break;
+    }
+    const uint64_t now = now_ns();
+    if (now >= deadline)
+      return fail(Result::kTimeout, "%s: all %u of this rank's backend I/Os stayed in flight until the task's deadline",
+                  key_text(t->entries()[index].key).c_str(), opts_.io_depth);
+    const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
+    lk.lock();
+    if (io_inflight_ >= opts_.io_depth) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, nullptr, index, slot, true};
+  io->deadline_ns = deadline;
+  io->word = cache_->ctrl().slot(slot).word.load(std::memory_order_acquire);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
   io->req.bytes = cache_->ctrl().slot_bytes();
   io->req.done = &LoadQueue::on_io_done;
   io->req.user = io;
   add(ctr_->backend_loads, 1);
+  track_io(io);
   backend_->load(&io->req);
   return Result::kOk;
+}
+
+void LoadQueue::track_io(Io* io) {
+  {
+    std::lock_guard<std::mutex> g(io_mu_);
+    live_ios_.push_back(io);
+  }
+  copier_cv_.notify_one();  // the copier looks at deadlines while anything is in flight
+}
+
+uint64_t LoadQueue::expire_due_ios() {
+  struct Expired {
+    std::shared_ptr<Task> task;
+    Key key;
+    uint32_t index, slot, word;
+    bool is_load;
+  };
+  std::vector<Expired> due;
+  uint64_t next = kNoDeadline;
+  const uint64_t now = now_ns();
+  {
+    std::lock_guard<std::mutex> g(io_mu_);
+    for (size_t k = 0; k < live_ios_.size();) {
+      Io* io = live_ios_[k];
+      if (io->deadline_ns > now) {
+        next = std::min(next, io->deadline_ns);
+        ++k;
+        continue;
+      }
+      // From here the store's completion only drops the I/O's pin; the Io
+      // may be freed by it at any moment, so copy what we need now.
+      io->expired = true;
+      expired_ios_.fetch_add(1, std::memory_order_relaxed);
+      due.push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
+      live_ios_[k] = live_ios_.back();
+      live_ios_.pop_back();
+      --io_inflight_;
+    }
+    if (!due.empty()) last_backend_error_ = "the store did not complete the load by the task's deadline";
+  }
+  if (due.empty()) return next;
+  io_cv_.notify_all();
+  for (const Expired& x : due) {
+    if (x.is_load) {
+      add(ctr_->load_failures, 1);
+      UCM_INFO(kQueue, "rank %u: %s: the store's load is past the task's deadline; slot %u abandoned",
+               opts_.local_rank, key_text(x.key).c_str(), x.slot);
+      // kBadState: the load ended between our expiry and this call, or its
+      // slot was given up meanwhile; either way nobody waits on it.
+      if (cache_->abandon_load(x.slot, x.word) != Result::kOk && last_error().find("already ended") == std::string::npos)
+        UCM_WARN("rank %u: abandoning slot %u: %s", opts_.local_rank, x.slot, last_error().c_str());
+    } else {
+      // Not known to be in the store: the stored word says so, and the next
+      // dump of the key writes it again.
+      if (cache_->finish_write(x.slot, false) != Result::kOk)
+        UCM_WARN("rank %u: ending the timed-out write-through of slot %u: %s", opts_.local_rank, x.slot,
+                 last_error().c_str());
+      add(ctr_->failed_shards, 1);
+      x.task->entry_failed(x.index, Result::kTimeout,
+                           key_text(x.key) + ": the write-through did not complete by the task's deadline");
+    }
+  }
+  return next;
 }
 
 Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream) {
@@ -312,17 +399,42 @@ void LoadQueue::start_write(const std::shared_ptr<Task>& t, uint32_t index, uint
   }
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, t, index, slot, false};
+  io->deadline_ns = t->deadline_ns();
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
   io->req.bytes = cache_->ctrl().slot_bytes();
   io->req.done = &LoadQueue::on_io_done;
   io->req.user = io;
+  track_io(io);
   backend_->dump(&io->req);
 }
 
 void LoadQueue::on_io_done(IoRequest* req) {
   Io* io = static_cast<Io*>(req->user);
   LoadQueue* q = io->queue;
+  bool late = false;
+  {
+    std::lock_guard<std::mutex> g(q->io_mu_);
+    late = io->expired;
+    if (!late) {
+      auto& v = q->live_ios_;
+      const auto at = std::find(v.begin(), v.end(), io);
+      if (at != v.end()) {
+        *at = v.back();
+        v.pop_back();
+      }
+    }
+  }
+  if (late) {
+    // Its slot was abandoned (or its write failed) at the deadline; the
+    // I/O's pin kept the slot from being re-keyed until now.
+    q->late_completions_.fetch_add(1, std::memory_order_relaxed);
+    UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", q->opts_.local_rank,
+             q->key_text(req->key).c_str());
+    q->cache_->release(io->slot);
+    delete io;
+    return;
+  }
   if (req->direct_fallback) add(q->ctr_->direct_fallbacks, 1);
   if (io->is_load) {
     if (req->result == Result::kOk) {
@@ -376,22 +488,86 @@ void LoadQueue::on_io_done(IoRequest* req) {
 void LoadQueue::copier_main() {
   if (bind_this_thread(placement_, ThreadRole::kCopier) != Result::kOk)
     UCM_WARN("copier of rank %u: %s", opts_.local_rank, last_error().c_str());
+  // Entries whose slot is still being filled. Each round looks at all of
+  // them and serves whatever is Ready, in any order; when none moved, the
+  // copier sleeps on the node's completion doorbell (layout.h) until any of
+  // their words changes, bounded by the earliest deadline and the liveness
+  // slice. So a hung key holds back only the task that contains it.
+  std::vector<Item> waiting;
+  std::vector<uint32_t> slots, words;
   for (;;) {
-    Item it;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (items_.empty() && !copies_.empty()) {
-        lk.unlock();
-        retire_copies(true);  // nothing else to do: finish what is in flight
-        lk.lock();
+      if (waiting.empty()) {
+        if (items_.empty() && !copies_.empty()) {
+          lk.unlock();
+          retire_copies(true);  // nothing else to do: finish what is in flight
+          lk.lock();
+        }
+        while (!stopping_ && items_.empty()) {
+          bool ios = false;
+          {
+            std::lock_guard<std::mutex> g(io_mu_);
+            ios = !live_ios_.empty();
+          }
+          if (!ios) {
+            copier_cv_.wait(lk);
+            continue;
+          }
+          // I/Os in flight with no entry waiting here (write-throughs): their
+          // deadlines are looked at all the same.
+          lk.unlock();
+          const uint64_t next = expire_due_ios();
+          lk.lock();
+          if (!stopping_ && items_.empty()) {
+            const uint64_t now = now_ns();
+            const uint64_t nap = next > now ? std::min(next - now, kStopCheckNs) : 0;
+            if (nap > 0) copier_cv_.wait_for(lk, std::chrono::nanoseconds(nap));
+          }
+        }
+        if (items_.empty()) break;  // stopping and drained
       }
-      copier_cv_.wait(lk, [&] { return stopping_ || !items_.empty(); });
-      if (items_.empty()) break;  // stopping and drained
-      it = std::move(items_.front());
-      items_.pop_front();
+      while (!items_.empty()) {
+        waiting.push_back(std::move(items_.front()));
+        items_.pop_front();
+      }
     }
-    process(it);
-    retire_copies(copies_.size() >= kCopyWindow);
+    const uint64_t next_expiry = expire_due_ios();
+    bool moved = false;
+    size_t kept = 0;
+    for (size_t k = 0; k < waiting.size(); ++k) {
+      if (process(waiting[k])) {
+        moved = true;
+        retire_copies(copies_.size() >= kCopyWindow);
+        continue;
+      }
+      if (kept != k) waiting[kept] = std::move(waiting[k]);
+      ++kept;
+    }
+    waiting.erase(waiting.begin() + static_cast<long>(kept), waiting.end());
+    if (moved || waiting.empty()) continue;
+    // Nothing moved: sleep until one of them may have. A copy in flight
+    // lands first (nothing rings the bell for it).
+    retire_copies(true);
+    copier_asleep_.store(true, std::memory_order_seq_cst);
+    const uint32_t bell = cache_->bell();
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fresh = stopping_ || !items_.empty();
+    }
+    if (!fresh) {
+      slots.clear();
+      words.clear();
+      uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
+      for (const Item& it : waiting) {
+        slots.push_back(it.slot);
+        words.push_back(it.word);
+        until = std::min(until, it.task->deadline_ns());
+      }
+      (void)cache_->wait_any(slots.data(), words.data(), slots.size(), bell, until);
+    }
+    copier_asleep_.store(false, std::memory_order_relaxed);
   }
   retire_copies(true);
 }
@@ -409,13 +585,16 @@ bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
     fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
     return false;
   }
-  const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
+  const uint64_t next_expiry = expire_due_ios();
+  const uint64_t until = std::min({it.task->deadline_ns(), next_expiry, now_ns() + kStopCheckNs});
   uint32_t now_word = *w;
   const Result r = cache_->wait_for_change(it.slot, *w, until, &now_word);
   if (r == Result::kOk) {
     *w = now_word;
   } else if (r == Result::kTimeout) {
     if (now_ns() >= it.task->deadline_ns()) {
+      // Our own load of it, if any, expires first: its slot goes, its depth comes back.
+      (void)expire_due_ios();
       add(ctr_->wait_ns, now_ns() - started);
       fail_item(it, Result::kTimeout,
                 key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(*w)) +
@@ -442,20 +621,64 @@ std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
          "); not retried";
 }
 
-void LoadQueue::process(Item& it) {
-  if (it.task->kind() == TaskKind::kDump) return process_dump(it);
+bool LoadQueue::regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind) {
   const TaskEntry& e = it.task->entries()[it.index];
-  const uint64_t started = now_ns();
-  uint32_t w = it.word;
+  cache_->release(it.slot);
+  auto give_up = [&](Result r, const std::string& why) {
+    add(ctr_->wait_ns, now_ns() - started);
+    add(ctr_->failed_shards, 1);
+    it.task->entry_failed(it.index, r, why);
+    return false;
+  };
+  if (now_ns() >= it.task->deadline_ns())
+    return give_up(Result::kTimeout, key_text(e.key) + ": the store did not complete its load by the task's deadline");
+  if (++it.failures > opts_.load_retries)
+    return give_up(Result::kTimeout, key_text(e.key) + ": its load was abandoned at a deadline " +
+                                         std::to_string(it.failures) + " times");
+  if (stopping()) return give_up(Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+  GetResult g;
+  const Result r = get_with_backpressure(e.key, *it.task, &g);
+  if (r != Result::kOk) return give_up(r, key_text(e.key) + ": " + last_error());
+  it.slot = g.slot;
+  *w = g.word;
+  *kind = g.kind;
+  return true;
+}
+
+bool LoadQueue::process(Item& it) {
+  if (it.task->kind() == TaskKind::kDump) {
+    process_dump(it);  // may wait on its one slot (bounded by the task's deadline)
+    return true;
+  }
+  const TaskEntry& e = it.task->entries()[it.index];
+  if (it.started == 0) it.started = now_ns();
+  const uint64_t started = it.started;
+  // Fresh: the item holds a reference, so the slot's word speaks for its key.
+  uint32_t w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
   for (;;) {
     const State s = word_state(w);
     if (s == State::kReady) break;
     if (s == State::kCorrupt) {
       add(ctr_->wait_ns, now_ns() - started);
       fail_item(it, Result::kCorrupt, corrupt_text(e.key, it.slot, w));
-      return;
+      return true;
     }
     const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
+    if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
+      // Its load was abandoned at its deadline: the key, not the slot, is taken over.
+      GetKind kind = GetKind::kWaiter;
+      if (!regain(it, &w, started, &kind)) return true;
+      if (kind == GetKind::kOwner) {
+        const Result r = start_load(it.task, it.index, it.slot);
+        if (r != Result::kOk) {
+          (void)cache_->mark_failed(it.slot);
+          fail_item(it, r, key_text(e.key) + ": " + last_error());
+          return true;
+        }
+        w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+      }
+      continue;
+    }
     if (s == State::kFailed || unowned) {
       if (s == State::kFailed && ++it.failures > opts_.load_retries) {
         std::string why;
@@ -467,32 +690,54 @@ void LoadQueue::process(Item& it) {
         fail_item(it, Result::kBackend,
                   key_text(e.key) + ": the backend load failed " + std::to_string(it.failures) + " times" +
                       (why.empty() ? "" : " (last error here: " + why + ")"));
-        return;
+        return true;
       }
       if (cache_->try_take_over(it.slot, w)) {
         const Result r = start_load(it.task, it.index, it.slot);
         if (r != Result::kOk) {
           (void)cache_->mark_failed(it.slot);
           fail_item(it, r, key_text(e.key) + ": " + last_error());
-          return;
+          return true;
         }
       }
       w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
       continue;
     }
-    if (!await_change(it, &w, started)) return;
+    // Idle with an owner: somebody (maybe us) is filling it. The copier
+    // waits for this and its other entries together (copier_main).
+    if (stopping()) {
+      fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+      return true;
+    }
+    if (now_ns() >= it.task->deadline_ns()) {
+      // Our own load of it, if any, expires first: its slot goes, its depth comes back.
+      (void)expire_due_ios();
+      const uint32_t again = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+      if (word_changed(again, w) && word_state(again) == State::kReady) {
+        w = again;
+        continue;
+      }
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, Result::kTimeout,
+                key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(w)) +
+                    " at the task's deadline");
+      return true;
+    }
+    it.word = w;
+    return false;
   }
   add(ctr_->wait_ns, now_ns() - started);
   uint64_t ticket = 0;
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);
   if (r != Result::kOk) {
     fail_item(it, r, key_text(e.key) + ": " + last_error());
-    return;
+    return true;
   }
   // A failed flush may have put the copy in flight: it keeps its pin until
   // the stream settles its ticket, and retire_copies() then fails the entry.
   if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "%s: %s", key_text(e.key).c_str(), last_error().c_str());
   copies_.push_back(Copy{it.task, it.index, it.slot, ticket});
+  return true;
 }
 
 void LoadQueue::process_dump(Item& it) {
@@ -503,6 +748,21 @@ void LoadQueue::process_dump(Item& it) {
     const State s = word_state(w);
     if (s == State::kReady) return dump_ready(it, started);
     const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
+    if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
+      GetKind kind = GetKind::kWaiter;
+      if (!regain(it, &w, started, &kind)) return;
+      if (kind == GetKind::kOwner) {
+        const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
+        if (r != Result::kOk) {
+          (void)cache_->mark_failed(it.slot);
+          fail_item(it, r, key_text(e.key) + ": " + last_error());
+          return;
+        }
+        cache_->release(it.slot);
+        return;  // the entry completes with the write-through
+      }
+      continue;
+    }
     if (s == State::kFailed || s == State::kCorrupt || unowned) {
       if (s == State::kFailed && ++it.failures > opts_.load_retries) {
         add(ctr_->wait_ns, now_ns() - started);

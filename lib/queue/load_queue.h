@@ -26,9 +26,11 @@
 // from the caller's bytes. The entry of the rank that writes completes with
 // its write.
 //
-// The copier takes entries in order and waits for Ready on the slot's futex
-// word (bounded, checking the owner's liveness; recovery turns a dead owner's
-// load into Failed). Failed: it takes the load over (one CAS: one winner per
+// The copier serves whatever entry is Ready first, in any order; when none
+// is, it sleeps on the node's completion doorbell (layout.h) for all of them
+// at once (bounded by the earliest deadline and the liveness slice, checking
+// the owners' liveness; recovery turns a dead owner's load into Failed). A
+// dump entry waiting for another rank's write-through still waits alone. Failed: it takes the load over (one CAS: one winner per
 // node) and reloads, up to load_retries times, then fails the entry with the
 // backend's error. Ready: it copies through its own copy stream and releases
 // the pin once the copy has landed. Corrupt (the store's copy failed its
@@ -39,8 +41,21 @@
 // The backend's completion marks the slot Ready or Failed and drops the I/O
 // pin; a slot is never re-keyed while its I/O is in flight, so a late or hung
 // load can never write into another key's bytes.
+//
+// Deadlines. Every backend I/O carries its task's deadline and is listed
+// while in flight. Past it (checked by the dispatcher while it waits for I/O
+// depth, and by the copier every wait slice), the I/O expires: it gives back
+// its I/O depth at once; a load abandons its slot (CacheBuffer::abandon_load:
+// the slot leaves its chain, loses its key and turns Failed, still pinned by
+// the I/O), so waiters on every rank get the key again instead of waiting on
+// the store; a write-through fails its entry with kTimeout and its stored
+// word says WriteFailed (the bytes are not known to be in the store). The
+// store's late completion of an expired I/O only drops the I/O's pin and is
+// counted (late_completions()); it never marks a slot. A task past its
+// deadline never waits for I/O depth: its entry fails with kTimeout.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -87,14 +102,19 @@ class LoadQueue {
   // kBusy when pending_limit tasks are already waiting.
   [[nodiscard]] Result submit(const std::shared_ptr<Task>& t);
   uint64_t io_in_flight() const;
+  // Store completions that came after their I/O had expired (and were dropped).
+  uint64_t late_completions() const { return late_completions_.load(std::memory_order_relaxed); }
+  // I/Os that passed their deadline in flight (each ends in one late completion).
+  uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
 
  private:
   struct Item {
     std::shared_ptr<Task> task;
     uint32_t index;
     uint32_t slot;
-    uint32_t word;
+    uint32_t word;       // the slot's word it waits to change
     uint32_t failures;
+    uint64_t started = 0;  // first look (for wait_ns)
   };
   struct Copy {
     std::shared_ptr<Task> task;
@@ -118,11 +138,19 @@ class LoadQueue {
   void idle_prealloc(const Task& t);
   bool task_pending();
   bool stopping();
-  void process(Item& it);
+  // One look at an entry, never sleeping on its slot: true when it is done
+  // (copied, written, or failed), false while it waits (it.word).
+  bool process(Item& it);
   void process_dump(Item& it);
   void dump_ready(Item& it, uint64_t started);
   // Waits for the slot's word to change from *w; false when the item failed.
   bool await_change(Item& it, uint32_t* w, uint64_t started);
+  // The item's slot lost its key (its load was abandoned): releases it and
+  // gets the key again; false when the item failed instead.
+  bool regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind);
+  // Expires every I/O past its deadline; the earliest deadline left.
+  uint64_t expire_due_ios();
+  void track_io(Io* io);
   std::string corrupt_text(const Key& k, uint32_t slot, uint32_t w);
   void retire_copies(bool all);
   void fail_item(Item& it, Result r, const std::string& why);
@@ -150,6 +178,10 @@ class LoadQueue {
   std::condition_variable io_cv_;
   uint64_t io_inflight_ = 0;
   std::string last_backend_error_;
+  std::vector<Io*> live_ios_;  // in flight and not expired
+  std::atomic<uint64_t> late_completions_{0};
+  std::atomic<uint64_t> expired_ios_{0};
+  std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   // The store's words for each slot whose load this rank found corrupt.
   struct CorruptNote {
     Key key;

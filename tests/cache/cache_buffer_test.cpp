@@ -81,6 +81,78 @@ TEST_F(TwoRanks, AFailedSlotIsTakenOverByTheNextGet) {
   EXPECT_EQ(word_state(tc_.ctrl.slot(o.slot).word.load()), State::kFailed);
 }
 
+// A load past its deadline (its I/O still pinned in the store): the slot
+// leaves its chain keyless and Failed, the waiter sees its key gone and gets
+// the key again into another slot; the slot goes once its last pin does.
+TEST_F(TwoRanks, AnAbandonedLoadFloatsKeylessAndItsKeyLoadsElsewhere) {
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(9, 1), &o), Result::kOk);
+  ASSERT_EQ(o.kind, GetKind::kOwner);
+  r0_->add_pin(o.slot);  // the I/O's own pin
+  const uint32_t began = tc_.ctrl.slot(o.slot).word.load();
+  ASSERT_EQ(r1_->get(key(9, 1), &w), Result::kOk);
+  ASSERT_EQ(w.kind, GetKind::kWaiter);
+  ASSERT_EQ(r0_->abandon_load(o.slot, began), Result::kOk);
+  const uint32_t now = tc_.ctrl.slot(o.slot).word.load();
+  EXPECT_EQ(word_state(now), State::kFailed);
+  EXPECT_FALSE(now & kWordHold) << "the hold became a pin of rank 0";
+  EXPECT_FALSE(r1_->holds_key(w.slot, key(9, 1)));
+  EXPECT_FALSE(r1_->try_take_over(w.slot, w.word)) << "the word moved on";
+  EXPECT_EQ(r0_->abandon_load(o.slot, began), Result::kBadState) << "once";
+  r1_->release(w.slot);
+  GetResult again;
+  ASSERT_EQ(r1_->get(key(9, 1), &again), Result::kOk);
+  EXPECT_EQ(again.kind, GetKind::kOwner);
+  EXPECT_NE(again.slot, o.slot) << "the key, not the slot, is taken over";
+  std::memset(r1_->data_at(again.slot), 0x5a, 256);
+  ASSERT_EQ(r1_->mark_ready(again.slot), Result::kOk);
+  r1_->release(again.slot);
+  // The late completion writes into the floating slot: nobody reads it.
+  std::memset(r0_->data_at(o.slot), 0xa5, 256);
+  EXPECT_EQ(pin_count(tc_.ctrl, o.slot), 2u) << "rank 0: the former hold and the I/O's pin";
+  r0_->release(o.slot);
+  r0_->release(o.slot);
+  EXPECT_EQ(pin_count(tc_.ctrl, o.slot), 0u);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+  GetResult hit;
+  ASSERT_EQ(r0_->get(key(9, 1), &hit), Result::kOk);
+  EXPECT_EQ(hit.kind, GetKind::kHit);
+  EXPECT_EQ(static_cast<uint8_t*>(r0_->data_at(hit.slot))[255], 0x5a);
+  r0_->release(hit.slot);
+}
+
+// One sleeper for several slots: the doorbell rings when any of them changes.
+TEST_F(TwoRanks, WaitAnyWakesOnAnyOfItsSlotsAndTimesOutOtherwise) {
+  GetResult a, b, wa, wb;
+  ASSERT_EQ(r0_->get(key(10, 0), &a), Result::kOk);
+  ASSERT_EQ(r0_->get(key(11, 0), &b), Result::kOk);
+  ASSERT_EQ(r1_->get(key(10, 0), &wa), Result::kOk);
+  ASSERT_EQ(r1_->get(key(11, 0), &wb), Result::kOk);
+  const uint32_t slots[2] = {wa.slot, wb.slot};
+  const uint32_t words[2] = {wa.word, wb.word};
+  EXPECT_EQ(r1_->wait_any(slots, words, 2, r1_->bell(), deadline_after_ms(30)), Result::kTimeout)
+      << "nothing changed";
+  std::atomic<bool> woke{false};
+  std::thread sleeper([&] {
+    for (;;) {
+      const uint32_t bell = r1_->bell();
+      if (word_changed(tc_.ctrl.slot(wb.slot).word.load(), wb.word)) break;
+      if (r1_->wait_any(slots, words, 2, bell, deadline_after_ms(10000)) != Result::kOk) return;
+    }
+    woke = true;
+  });
+  usleep(20000);
+  ASSERT_EQ(r0_->mark_ready(b.slot), Result::kOk);
+  sleeper.join();
+  EXPECT_TRUE(woke.load());
+  ASSERT_EQ(r0_->mark_ready(a.slot), Result::kOk);
+  r0_->release(a.slot);
+  r0_->release(b.slot);
+  r1_->release(wa.slot);
+  r1_->release(wb.slot);
+  EXPECT_EQ(check_quiescent(tc_.ctrl, &tc_.data, QuiescentOptions{}), "");
+}
+
 TEST_F(TwoRanks, ReleasingAnUnfinishedLoadWakesItsWaiter) {
   GetResult o, w;
   ASSERT_EQ(r0_->get(key(4, 0), &o), Result::kOk);

@@ -21,7 +21,6 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/posix_backend.h"
 #include "mpi/mpi_test.h"
 #include "mpi/task_util.h"
 
@@ -171,23 +170,16 @@ TEST_F(Api, CallsOnOtherThreadsDuringFinalizeAreSafeAndBlockedWaitsReturnFinaliz
 // Finalize still meets the peers, returns UCM_ERR_TIMEOUT naming the call, and
 // leaves the cache allocated under it; the call returns once the FIFO opens.
 TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
-  std::string dir;
-  if (world_rank() == 0) {
-    char tmpl[] = "/tmp/ucm-api-test-XXXXXX";
-    if (mkdtemp(tmpl)) dir = tmpl;
-  }
-  dir = bcast_string(dir);
-  ASSERT_FALSE(dir.empty());
-  ucm_config_t cfg = task_config(64, ("posix:" + dir).c_str());
+  // The sim store holds exists() of a hung key until its faults are cleared
+  // (hang_sync): a store stuck in a synchronous call.
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0,hang_keys=9.0,hang_sync=1");
   cfg.timeout_ms = 1000;
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
   const ucm_cache_t h = cache;
   const ucm_key_t key = ukey(9, 0);
-  const std::string fifo = static_cast<PosixBackend*>(impl_of(h)->backend())->block_path(ikey(key).block);
-  if (world_rank() == 0) {
-    EXPECT_EQ(mkfifo(fifo.c_str(), 0600), 0) << fifo << ": " << std::strerror(errno);
-  }
+  SimBackend* sim = sim_of(h);
+  ASSERT_NE(sim, nullptr);
   MPI_Barrier(MPI_COMM_WORLD);
 
   std::atomic<bool> returned{false};
@@ -197,28 +189,24 @@ TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
     looked.store(ucm_lookup(h, &key, 1, &where));
     returned.store(true);
   });
-  usleep(300000);
-  // If the store stops blocking on a FIFO, this test has no way left to hold a call.
-  const bool held_here = !returned.load();
-  int held_all = held_here ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &held_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  // Until the call is inside the store (bounded: a hang, not slowness).
+  EXPECT_TRUE(eventually([&] { return sim->sync_calls_held() == 1 || returned.load(); }));
+  EXPECT_FALSE(returned.load()) << "the store's exists() of a hung key returned";
 
+  const uint64_t f0 = now_ns();
   const ucm_result_t fin = ucm_cache_finalize(&cache);
+  const uint64_t fin_ms = ms_since(f0);
   const std::string fin_msg = msg(nullptr);
   EXPECT_EQ(cache, nullptr);
-  // Now a writer: every open() waiting on the FIFO returns.
-  const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-  if (w >= 0) close(w);
+  EXPECT_LE(fin_ms, cfg.timeout_ms + 5000u);
+  // The store answers now: the call returns, on the cache it started on.
+  sim->clear_faults();
   stuck.join();
   EXPECT_EQ(ucm_touch(h, &key.block, 1), UCM_ERR_FINALIZED);
   MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() == 0)
-    nftw(dir.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8, FTW_DEPTH | FTW_PHYS);
-  if (!held_all) GTEST_SKIP() << "the posix store no longer blocks in open() on a FIFO";
   EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
   EXPECT_TRUE(contains(fin_msg, "1 call(s) on other threads were still running 1000 ms")) << fin_msg;
   EXPECT_TRUE(contains(fin_msg, "not freed under them")) << fin_msg;
-  // The call ran to its end on the cache it started on (the FIFO is no block file).
   EXPECT_NE(looked.load(), UCM_ERR_FINALIZED);
 }
 

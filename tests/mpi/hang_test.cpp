@@ -1,0 +1,358 @@
+// A store that hangs chosen keys (the sim store's hang_keys), under mpirun:
+// a hung load fails its task at the task's deadline and frees the rank's I/O
+// depth; tasks that do not contain the hung key finish on their own; a load
+// that completes after its deadline writes no wrong byte anywhere and leaks
+// nothing. Every wait is checked against its bound, with slack for a loaded
+// machine.
+#include <fcntl.h>
+#include <ftw.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "../common/ctrl_check.h"
+#include "api/cache.h"
+#include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
+
+namespace ucm::test {
+namespace {
+
+using Hang = MpiTest;
+
+constexpr uint64_t kSlackMs = 5000;  // a loaded 2-core machine, 4 ranks
+
+std::string msg(ucm_cache_t c) { return ucm_last_error(c); }
+uint64_t ms_since(uint64_t t0) { return (now_ns() - t0) / 1000000; }
+
+// Each entry's destination holds either its key's bytes or nothing at all.
+void expect_no_wrong_byte(const LoadBatch& b, const char* what) {
+  for (size_t i = 0; i < b.entries.size(); ++i)
+    EXPECT_TRUE(b.verify(i) == kTaskShard || b.untouched(i)) << what << " entry " << i << ": wrong byte at "
+                                                             << b.verify(i);
+}
+
+// Every Ready slot holds exactly its key's bytes; with `quiet`, nothing is
+// pinned or loading either (call with every rank at a barrier).
+void expect_cache_sound(ucm_cache_t cache, bool quiet) {
+  Cache* c = impl_of(cache);
+  ASSERT_NE(c, nullptr);
+  const BufferCtrl& ctrl = c->buffer()->ctrl();
+  for (uint32_t i = 0; i < ctrl.total_slots(); ++i) {
+    const uint32_t w = ctrl.slot(i).word.load(std::memory_order_acquire);
+    const Key k = slot_key(ctrl, i);
+    if (word_state(w) != State::kReady || k.shard == kEmptyShard) continue;
+    EXPECT_EQ(sim_verify(k, c->buffer()->data_at(i), kTaskShard), kTaskShard) << "slot " << i << " " << key_str(k);
+  }
+  if (quiet) {
+    QuiescentOptions o;
+    EXPECT_EQ(check_quiescent(ctrl, nullptr, o), "");
+  }
+}
+
+// io_depth 1: a load that never returns fills the rank's I/O depth.
+TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
+  const int n = world_size();
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=900.0");
+  cfg.io_depth = 1;
+  cfg.timeout_ms = 3000;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  // A: rank 0 owns positions 0 (the hung key) and n (then stuck behind it).
+  LoadBatch a;
+  for (int i = 0; i <= n; ++i) a.add(ukey(900, static_cast<uint32_t>(i)));
+  // C: an unrelated task whose position 0 is rank 0's too.
+  LoadBatch cb;
+  for (int i = 0; i < n; ++i) cb.add(ukey(910, static_cast<uint32_t>(i)));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  ucm_task_t ta = 0, tc = 0;
+  ASSERT_EQ(ucm_load_task(cache, a.entries.data(), a.entries.size(), &ta), UCM_OK) << msg(cache);
+  ASSERT_EQ(ucm_load_task(cache, cb.entries.data(), cb.entries.size(), &tc), UCM_OK) << msg(cache);
+  // A wait with no bound returns once the task's deadline fails it.
+  std::atomic<int> a_result{-1};
+  std::atomic<uint64_t> a_ms{0};
+  std::thread waiter([&] {
+    a_result.store(ucm_task_wait(cache, ta, -1));
+    a_ms.store(ms_since(t0));
+  });
+  const uint64_t bound = cfg.timeout_ms + kSlackMs;
+  while (a_result.load() < 0 && ms_since(t0) < bound) usleep(2000);
+  const bool a_returned = a_result.load() >= 0;
+  EXPECT_TRUE(a_returned) << "ucm_task_wait(-1) on the task with the hung key still blocked after " << bound << " ms";
+  EXPECT_EQ(a_result.load(), UCM_ERR_TIMEOUT);
+  if (a_returned) {
+    EXPECT_LE(a_ms.load(), bound);
+  }
+  // C completes or fails within its own deadline.
+  const uint64_t c0 = now_ns();
+  const ucm_result_t rc = ucm_task_wait(cache, tc, static_cast<int64_t>(bound));
+  EXPECT_TRUE(rc == UCM_OK || rc == UCM_ERR_TIMEOUT) << rc << ": " << msg(cache);
+  EXPECT_LE(ms_since(c0), bound);
+  // A later, unrelated task on every rank completes.
+  LoadBatch b;
+  for (int i = 0; i < n; ++i) b.add(ukey(920, static_cast<uint32_t>(i)));
+  EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(bound)), UCM_OK) << msg(cache);
+  for (size_t i = 0; i < b.entries.size(); ++i) EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
+  expect_no_wrong_byte(a, "A");
+  expect_no_wrong_byte(cb, "C");
+  if (rc == UCM_OK) {
+    for (size_t i = 0; i < cb.entries.size(); ++i) EXPECT_EQ(cb.verify(i), kTaskShard) << "entry " << i;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_cache_sound(cache, false);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t f0 = now_ns();
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  EXPECT_LE(ms_since(f0), bound);
+  waiter.join();  // if it was still blocked, ucm_cache_finalize woke it
+}
+
+// The default io_depth: only the task with the hung key waits for it.
+TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=940.0");
+  cfg.timeout_ms = 8000;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  LoadBatch one;
+  one.add(ukey(940, 0));
+  LoadBatch two;
+  for (uint32_t s = 0; s < 16; ++s) two.add(ukey(941 + s / 8, s % 8));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  ucm_task_t t1 = 0, t2 = 0;
+  ASSERT_EQ(ucm_load_task(cache, one.entries.data(), one.entries.size(), &t1), UCM_OK) << msg(cache);
+  ASSERT_EQ(ucm_load_task(cache, two.entries.data(), two.entries.size(), &t2), UCM_OK) << msg(cache);
+  // Done long before task 1's deadline: half of it, on a loaded machine.
+  EXPECT_EQ(ucm_task_wait(cache, t2, cfg.timeout_ms / 2), UCM_OK) << msg(cache);
+  const uint64_t two_ms = ms_since(t0);
+  EXPECT_LT(two_ms, cfg.timeout_ms / 2);
+  for (size_t i = 0; i < two.entries.size(); ++i) EXPECT_EQ(two.verify(i), kTaskShard) << "entry " << i;
+  EXPECT_EQ(ucm_task_wait(cache, t1, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
+      << msg(cache);
+  expect_no_wrong_byte(one, "task 1");
+  std::printf("rank %d: the 16-shard task finished in %llu ms beside a hung key (deadline %u ms)\n", world_rank(),
+              static_cast<unsigned long long>(two_ms), cfg.timeout_ms);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// A load past its deadline completes later, after the key was loaded again
+// into another slot: no byte of any slot is wrong, nothing leaks.
+TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=950.0,hang_ms=3500");
+  cfg.timeout_ms = 1500;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  SimBackend* sim = sim_of(cache);
+  ASSERT_NE(sim, nullptr);
+  LoadBatch a;
+  a.add(ukey(950, 0));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(load_and_wait(cache, a, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT) << msg(cache);
+  EXPECT_LE(ms_since(t0), cfg.timeout_ms + kSlackMs);
+  expect_no_wrong_byte(a, "A");
+  // The store answers now; the first load is still in flight in it.
+  sim->clear_faults();
+  MPI_Barrier(MPI_COMM_WORLD);
+  LoadBatch again;
+  again.add(ukey(950, 0));
+  again.add(ukey(951, 0));
+  EXPECT_EQ(load_and_wait(cache, again, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_OK) << msg(cache);
+  for (size_t i = 0; i < again.entries.size(); ++i) EXPECT_EQ(again.verify(i), kTaskShard) << "entry " << i;
+  // Every load that expired here completes late, once (bounded by hang_ms).
+  LoadQueue* q = impl_of(cache)->queue();
+  const uint64_t w0 = now_ns();
+  while (q->late_completions() < q->expired_ios() && ms_since(w0) < 3500 + kSlackMs) usleep(2000);
+  EXPECT_EQ(q->late_completions(), q->expired_ios());
+  uint64_t late = q->late_completions();
+  MPI_Allreduce(MPI_IN_PLACE, &late, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(late, 1u) << "the owner's hung load expired and completed late";
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_cache_sound(cache, true);
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The key still loads right, from whichever slot holds it.
+  LoadBatch last;
+  last.add(ukey(950, 0));
+  EXPECT_EQ(load_and_wait(cache, last), UCM_OK) << msg(cache);
+  EXPECT_EQ(last.verify(0), kTaskShard);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// A write-through that the store does not complete by the task's deadline
+// fails the dump (the bytes are not known to be in the store); its late
+// completion is dropped; once the store answers, the next dump writes again.
+TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=970.0,hang_dumps=1,hang_ms=4000");
+  cfg.timeout_ms = 1500;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  SimBackend* sim = sim_of(cache);
+  ASSERT_NE(sim, nullptr);
+  const ucm_key_t key = ukey(970, 0);
+  std::vector<uint8_t> src(kTaskShard);
+  sim_fill(ikey(key), src.data(), src.size());
+  ucm_dump_entry_t e{key, src.data()};
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t t0 = now_ns();
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+  const ucm_result_t r = ucm_task_wait(cache, t, static_cast<int64_t>(cfg.timeout_ms + kSlackMs));
+  const uint64_t ms = ms_since(t0);
+  // The writer's entry times out; a peer that waited for that write hears it failed.
+  EXPECT_TRUE(r == UCM_ERR_TIMEOUT || r == UCM_ERR_BACKEND) << r << ": " << msg(cache);
+  EXPECT_LE(ms, cfg.timeout_ms + kSlackMs);
+  int timed_out = r == UCM_ERR_TIMEOUT ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &timed_out, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(timed_out, 1) << "the writer's own entry";
+  sim->clear_faults();
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+  EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+  LoadQueue* q = impl_of(cache)->queue();
+  const uint64_t w0 = now_ns();
+  while (q->late_completions() < q->expired_ios() && ms_since(w0) < 4000 + kSlackMs) usleep(2000);
+  EXPECT_EQ(q->late_completions(), q->expired_ios());
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_cache_sound(cache, true);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+}
+
+// Holds every touch of this process's data plane in the kernel: a
+// userfaultfd nobody serves, registered over every slot in minor-fault mode
+// after this process's page-table entries for the slots were dropped (the
+// node's pages stay). A read() into a slot then sleeps in the kernel, as on a
+// hard-mounted NFS that stopped answering, until the fd closes.
+struct KernelHang {
+  int fd = -1;
+  std::string why_not;
+  explicit KernelHang(ucm_cache_t cache) {
+    fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (fd < 0) {
+      why_not = std::string("userfaultfd: ") + std::strerror(errno);
+      return;
+    }
+    uffdio_api api{};
+    api.api = UFFD_API;
+    api.features = UFFD_FEATURE_MINOR_SHMEM;
+    if (ioctl(fd, UFFDIO_API, &api) != 0) {
+      why_not = std::string("UFFDIO_API with MINOR_SHMEM: ") + std::strerror(errno);
+      return;
+    }
+    CacheBuffer* b = impl_of(cache)->buffer();
+    const uint64_t bytes = b->ctrl().slot_bytes();
+    for (uint32_t i = 0; i < b->ctrl().total_slots(); ++i) {
+      uffdio_register r{};
+      r.range.start = reinterpret_cast<uintptr_t>(b->data_at(i));
+      r.range.len = bytes;
+      r.mode = UFFDIO_REGISTER_MODE_MINOR;
+      if (madvise(b->data_at(i), bytes, MADV_DONTNEED) != 0 || ioctl(fd, UFFDIO_REGISTER, &r) != 0) {
+        why_not = std::string("UFFDIO_REGISTER: ") + std::strerror(errno);
+        return;
+      }
+    }
+  }
+  bool armed() const { return why_not.empty(); }
+  void release() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  ~KernelHang() { release(); }
+};
+
+// A store whose read never returns from the kernel: finalize still returns
+// within timeout_ms (+ slack), says how many I/O threads it left behind, and
+// the process goes on (and exits) cleanly; the late write, once the kernel
+// lets it go, faults instead of landing in the cache.
+TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
+  std::string dir;
+  if (world_rank() == 0) {
+    char tmpl[] = "/tmp/ucm-hang-test-XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  dir = bcast_string(dir);
+  ASSERT_FALSE(dir.empty());
+  struct DirRemover {
+    std::string d;
+    ~DirRemover() {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0)
+        nftw(d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8, FTW_DEPTH | FTW_PHYS);
+    }
+  } remover{dir};
+  const std::string spec = "posix:" + dir + ",direct=off";
+  const ucm_key_t key = ukey(960 + static_cast<uint64_t>(world_rank()), 0);
+  {  // The store holds the shard.
+    ucm_config_t cfg = task_config(64, spec.c_str());
+    ucm_cache_t cache = nullptr;
+    ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+    std::vector<uint8_t> src(kTaskShard);
+    sim_fill(ikey(key), src.data(), src.size());
+    ucm_dump_entry_t e{key, src.data()};
+    ucm_task_t t = 0;
+    ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+    EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  }
+  ucm_config_t cfg = task_config(64, spec.c_str());
+  cfg.timeout_ms = 2000;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  Backend* store = impl_of(cache)->backend();
+  KernelHang hang(cache);
+  int armed = hang.armed() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &armed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!armed) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+    GTEST_SKIP() << "no userfaultfd to hold a read in the kernel: " << hang.why_not;
+  }
+  const uint64_t before = Cache::io_threads_left_behind();
+  LoadBatch b;
+  b.add(key);
+  // The task fails at its deadline; the store's read stays in the kernel.
+  EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
+      << msg(cache);
+  EXPECT_TRUE(b.untouched(0));
+  const bool held = store->counters().inflight_loads == 1;
+  EXPECT_TRUE(held) << "the store's read returned: nothing held it in the kernel";
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t f0 = now_ns();
+  const ucm_result_t fin = ucm_cache_finalize(&cache);
+  const uint64_t fin_ms = ms_since(f0);
+  const std::string fin_msg = msg(nullptr);
+  EXPECT_EQ(cache, nullptr);
+  EXPECT_LE(fin_ms, cfg.timeout_ms + kSlackMs);
+  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
+  EXPECT_NE(fin_msg.find("1 of the store's I/O thread(s) were still in the kernel"), std::string::npos) << fin_msg;
+  EXPECT_EQ(Cache::io_threads_left_behind(), before + 1);
+  if (!held || Cache::io_threads_left_behind() != before + 1) return;  // the store object is gone
+  // The kernel lets the read go: it faults on the fenced-off slot (EFAULT),
+  // and the detached thread ends without touching anything (the store object
+  // it returns into is kept). Bounded: a hang, not slowness.
+  hang.release();
+  const uint64_t w0 = now_ns();
+  while (store->counters().inflight_loads != 0 && ms_since(w0) < 30000) usleep(2000);
+  EXPECT_EQ(store->counters().inflight_loads, 0u) << "the detached read never came back";
+  EXPECT_EQ(store->counters().load_failures, 1u) << "the late read did not fail (did it land somewhere?)";
+  std::printf("rank %d: finalize returned in %llu ms with a read stuck in the kernel (timeout_ms %u)\n", world_rank(),
+              static_cast<unsigned long long>(fin_ms), cfg.timeout_ms);
+}
+
+}  // namespace
+}  // namespace ucm::test
