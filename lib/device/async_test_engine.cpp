@@ -46,12 +46,19 @@ class AsyncTestStream final : public CopyStream {
   Result copy(void* dst, const void* src, uint64_t bytes, uint64_t* ticket) override {
     queued_.push_back(Copy{dst, src, bytes, ++issued_, {}, true});
     *ticket = issued_;
+    if (opts_.stats) opts_.stats->copies.fetch_add(1);
     return Result::kOk;
   }
 
   Result flush() override {
     if (queued_.empty()) return Result::kOk;
     ++flushes_;
+    if (opts_.stats) {
+      opts_.stats->flushes.fetch_add(1);
+      uint64_t m = opts_.stats->max_batch.load();
+      while (m < queued_.size() && !opts_.stats->max_batch.compare_exchange_weak(m, queued_.size())) {
+      }
+    }
     const bool fails = opts_.fail_flush != 0 && flushes_ == opts_.fail_flush;
     const uint64_t first = queued_.front().ticket, last = queued_.back().ticket;
     std::vector<Copy> batch(queued_.begin(), queued_.end());
@@ -97,7 +104,10 @@ class AsyncTestStream final : public CopyStream {
     (void)flush();
     std::unique_lock<std::mutex> lk(mu_);
     if (ticket > issued_) return fail(Result::kInvalidArg, "ticket %lu was never issued", static_cast<unsigned long>(ticket));
-    if (!settled_cv_.wait_for(lk, kWaitBound, [&] { return watermark_ >= ticket; }))
+    if (opts_.stats) opts_.stats->waiting.fetch_add(1);
+    const bool settled = settled_cv_.wait_for(lk, kWaitBound, [&] { return watermark_ >= ticket; });
+    if (opts_.stats) opts_.stats->waiting.fetch_sub(1);
+    if (!settled)
       return fail(Result::kTimeout, "async-test copy %lu not settled within the wait bound",
                   static_cast<unsigned long>(ticket));
     ledger_.forget_before(ticket);

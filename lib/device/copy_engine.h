@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -114,6 +115,14 @@ class AsyncTestGate {
   bool open_ = false;
 };
 
+// What the async-test engine saw, for tests of the copier's pipeline.
+struct AsyncTestStats {
+  std::atomic<uint64_t> copies{0};     // copy() calls
+  std::atomic<uint64_t> flushes{0};    // flush() calls that started copies
+  std::atomic<uint64_t> max_batch{0};  // most copies one flush started
+  std::atomic<uint64_t> waiting{0};    // wait() calls blocked right now
+};
+
 // Options of the async-test engine.
 struct AsyncTestOptions {
   uint64_t delay_us = 200;      // a copy lands this long after its flush
@@ -122,6 +131,7 @@ struct AsyncTestOptions {
   uint64_t fail_after = 0;      // ... after putting its first fail_after copies in flight
   uint64_t seed = 1;            // of the shuffle
   std::shared_ptr<AsyncTestGate> gate;  // null: copies land when due
+  std::shared_ptr<AsyncTestStats> stats;  // null: not counted
 };
 
 struct EngineChoice {

@@ -501,7 +501,7 @@ void LoadQueue::copier_main() {
       if (waiting.empty()) {
         if (items_.empty() && !copies_.empty()) {
           lk.unlock();
-          retire_copies(true);  // nothing else to do: finish what is in flight
+          retire_copies(0);  // nothing else to do: finish what is in flight
           lk.lock();
         }
         while (!stopping_ && items_.empty()) {
@@ -538,17 +538,21 @@ void LoadQueue::copier_main() {
     for (size_t k = 0; k < waiting.size(); ++k) {
       if (process(waiting[k])) {
         moved = true;
-        retire_copies(copies_.size() >= kCopyWindow);
+        // A sliding window: what landed goes at once; a full window waits
+        // for its oldest copy only.
+        retire_copies(kCopyWindow - 1);
         continue;
       }
       if (kept != k) waiting[kept] = std::move(waiting[k]);
       ++kept;
     }
     waiting.erase(waiting.begin() + static_cast<long>(kept), waiting.end());
+    flush_copies();
+    retire_copies(kCopyWindow);
     if (moved || waiting.empty()) continue;
     // Nothing moved: sleep until one of them may have. A copy in flight
     // lands first (nothing rings the bell for it).
-    retire_copies(true);
+    retire_copies(0);
     copier_asleep_.store(true, std::memory_order_seq_cst);
     const uint32_t bell = cache_->bell();
     bool fresh = false;
@@ -569,7 +573,7 @@ void LoadQueue::copier_main() {
     }
     copier_asleep_.store(false, std::memory_order_relaxed);
   }
-  retire_copies(true);
+  retire_copies(0);
 }
 
 void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {
@@ -733,10 +737,10 @@ bool LoadQueue::process(Item& it) {
     fail_item(it, r, key_text(e.key) + ": " + last_error());
     return true;
   }
-  // A failed flush may have put the copy in flight: it keeps its pin until
-  // the stream settles its ticket, and retire_copies() then fails the entry.
-  if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "%s: %s", key_text(e.key).c_str(), last_error().c_str());
+  // Queued, not started: the round's copies go out together (flush_copies),
+  // one batch call for every shard that was Ready when the copier looked.
   copies_.push_back(Copy{it.task, it.index, it.slot, ticket});
+  unflushed_ = true;
   return true;
 }
 
@@ -855,11 +859,21 @@ void LoadQueue::dump_ready(Item& it, uint64_t started) {
   }
 }
 
-void LoadQueue::retire_copies(bool all) {
+void LoadQueue::flush_copies() {
+  if (!unflushed_) return;
+  unflushed_ = false;
+  // A failed flush may have put some copies in flight: each keeps its pin
+  // until the stream settles its ticket, and retire_copies() then fails it.
+  if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "rank %u: %s", opts_.local_rank, last_error().c_str());
+}
+
+void LoadQueue::retire_copies(size_t keep) {
+  // Copies settle in ticket order (one stream), so the oldest decides.
   while (!copies_.empty()) {
     Copy& c = copies_.front();
     if (!copy_stream_->done(c.ticket)) {
-      if (!all) return;
+      if (copies_.size() <= keep) return;
+      flush_copies();  // never wait for a copy that was not started
       if (copy_stream_->wait(c.ticket) != Result::kOk) {
         cache_->release(c.slot);
         add(ctr_->failed_shards, 1);

@@ -152,7 +152,11 @@ class LoadQueue {
   uint64_t expire_due_ios();
   void track_io(Io* io);
   std::string corrupt_text(const Key& k, uint32_t slot, uint32_t w);
-  void retire_copies(bool all);
+  // Releases every copy that landed; then, while more than `keep` are in
+  // flight, waits for the oldest (0: all of them).
+  void retire_copies(size_t keep);
+  // Starts the copies queued since the last flush, as one batch.
+  void flush_copies();
   void fail_item(Item& it, Result r, const std::string& why);
   static void on_io_done(IoRequest* req);
   void record_done(const Task& t);
@@ -190,6 +194,7 @@ class LoadQueue {
   std::unordered_map<uint32_t, CorruptNote> corrupt_notes_;
 
   std::deque<Copy> copies_;  // copier thread only
+  bool unflushed_ = false;   // copier thread only: copies_ holds copies not yet flushed
   std::thread dispatcher_;
   std::thread copier_;
 };

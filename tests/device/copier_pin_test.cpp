@@ -58,11 +58,11 @@ struct Rank {
   }
 };
 
-std::shared_ptr<Task> load_task(uint64_t id, std::vector<std::vector<uint8_t>>* dst, uint32_t n) {
+std::shared_ptr<Task> load_task(uint64_t id, std::vector<std::vector<uint8_t>>* dst, uint32_t n, uint64_t first = 100) {
   dst->assign(n, std::vector<uint8_t>(kShard));
   std::vector<TaskEntry> es(n);
   for (uint32_t i = 0; i < n; ++i) {
-    es[i].key = test::key(100 + i, 3);
+    es[i].key = test::key(first + i, 3);
     es[i].dst = (*dst)[i].data();
   }
   return std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
@@ -108,6 +108,96 @@ TEST(CopierWithAsyncEngine, AFailedFlushKeepsThePinUntilTheCopyInFlightLanded) {
   EXPECT_EQ(t->result(), Result::kDevice);
   EXPECT_NE(t->error().find("failed after 1 of its 1 copies"), std::string::npos) << t->error();
   EXPECT_EQ(r.pins(), 0u) << "settled: the pin is released";
+}
+
+// Waits (bounded) until pred() holds; false at the bound.
+template <typename P>
+bool eventually(P pred, uint64_t ms = 10000) {
+  const uint64_t until = deadline_after_ms(ms);
+  while (!pred()) {
+    if (now_ns() >= until) return false;
+    sleep_for_ns(200'000);
+  }
+  return true;
+}
+
+// Opens the gate for good when the test ends, however it ends.
+struct GateOpener {
+  std::shared_ptr<AsyncTestGate> g;
+  ~GateOpener() { g->open(); }
+};
+
+// Loads keys [first, first + n) and lets their copies land: they are then
+// Ready and resident, so a later task of them is all hits.
+void warm(Rank& r, AsyncTestGate& gate, uint64_t first, uint32_t n, uint64_t id) {
+  std::vector<std::vector<uint8_t>> dst;
+  auto t = load_task(id, &dst, n, first);
+  ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
+  gate.allow(n);
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  ASSERT_EQ(t->result(), Result::kOk) << t->error();
+}
+
+// Shards that are Ready when the copier looks go out in one call: copy() for
+// each, then one flush() (one cudaMemcpyBatchAsync on a GPU), not a flush per
+// shard.
+TEST(CopierWithAsyncEngine, ShardsReadyTogetherGoOutInOneBatch) {
+  AsyncTestOptions o;
+  o.delay_us = 0;
+  o.gate = std::make_shared<AsyncTestGate>();
+  o.stats = std::make_shared<AsyncTestStats>();
+  GateOpener opener{o.gate};
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(o));
+  ASSERT_NO_FATAL_FAILURE(warm(r, *o.gate, 200, 6, 1));
+  // One copy held in flight: the idle copier waits for it to land.
+  std::vector<std::vector<uint8_t>> da, db;
+  auto a = load_task(2, &da, 1, 300);
+  ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
+  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  // Six hits dispatched while the copier waits: all six wait for it.
+  const uint64_t hits = r.cache->counters().hits.load();
+  auto b = load_task(3, &db, 6, 200);
+  ASSERT_EQ(r.queue->submit(b), Result::kOk) << last_error();
+  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 6; }));
+  const uint64_t flushes = o.stats->flushes.load();
+  o.gate->open();
+  ASSERT_TRUE(a->wait_until(deadline_after_ms(20000)));
+  ASSERT_TRUE(b->wait_until(deadline_after_ms(20000)));
+  ASSERT_EQ(b->result(), Result::kOk) << b->error();
+  for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(sim_verify(test::key(200 + i, 3), db[i].data(), kShard), kShard) << i;
+  EXPECT_EQ(o.stats->flushes.load() - flushes, 1u) << "the six ready shards went out in more than one call";
+  EXPECT_GE(o.stats->max_batch.load(), 6u);
+  EXPECT_EQ(r.pins(), 0u);
+}
+
+// The window of copies in flight slides: when it is full, the copier waits
+// for the oldest copy only, and the next shard goes out as soon as that one
+// landed (not once all eight have).
+TEST(CopierWithAsyncEngine, AFullWindowWaitsForTheOldestCopyOnly) {
+  AsyncTestOptions o;
+  o.delay_us = 0;
+  o.gate = std::make_shared<AsyncTestGate>();
+  o.stats = std::make_shared<AsyncTestStats>();
+  GateOpener opener{o.gate};
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(o));
+  ASSERT_NO_FATAL_FAILURE(warm(r, *o.gate, 400, 12, 1));
+  const uint64_t copies = o.stats->copies.load();
+  std::vector<std::vector<uint8_t>> d;
+  auto t = load_task(2, &d, 12, 400);
+  ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
+  // The window fills (8 copies) and nothing lands.
+  ASSERT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
+  EXPECT_EQ(o.stats->copies.load(), copies + 8) << "more copies than the window in flight";
+  o.gate->allow(1);  // the oldest lands
+  EXPECT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 9; }, 5000))
+      << "the ninth shard waited for more than the oldest copy";
+  o.gate->open();
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  ASSERT_EQ(t->result(), Result::kOk) << t->error();
+  for (uint32_t i = 0; i < 12; ++i) EXPECT_EQ(sim_verify(test::key(400 + i, 3), d[i].data(), kShard), kShard) << i;
+  EXPECT_EQ(r.pins(), 0u);
 }
 
 }  // namespace

@@ -14,8 +14,10 @@ trap 'rm -rf "$tmp"' EXIT
 # empty TMPDIR: an MPI_Init (a singleton) makes its session directory there
 # (ompi.<host>.<uid>), and -v, -c, -f and -d must not call it.
 mkdir "$tmp/mpi"
-noenv=(env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK -u PMI_SIZE TMPDIR="$tmp/mpi")
+noenv=(env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK -u PMI_SIZE)
+# Every -u before the first NAME=VALUE: env reads no option after one.
 for v in $(env | sed -n 's/^\(UCM_[A-Z_]*\)=.*/\1/p'); do noenv+=(-u "$v"); done
+noenv+=(TMPDIR="$tmp/mpi")
 run() { "${noenv[@]}" "$@"; }
 
 # --- -v: version and build options
