@@ -149,7 +149,11 @@ test_job() {
   local start=$SECONDS
   # Warnings are errors in build-ci only: sanitizer builds add compiler warnings of
   # their own (-Wtsan) that say nothing about the code.
-  stage ci "$PREFIX-ci" "--werror" ""
+  # NVIDIA's NCCL at /usr/local/cuda has no pkg-config file: name its prefix,
+  # so build-ci looks for it as a user's build would (-Dnccl_prefix).
+  local ci_opts="--werror"
+  [[ -f /usr/local/cuda/include/nccl.h ]] && ci_opts+=" -Dnccl_prefix=/usr/local/cuda"
+  stage ci "$PREFIX-ci" "$ci_opts" ""
 
   # Sanitizer builds check the CPU code: CUDA/NCCL code cannot run without a GPU,
   # and nvcc does not take -fsanitize. build-ci compiles it with --werror.
