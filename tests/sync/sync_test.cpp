@@ -82,6 +82,11 @@ TEST(ProcessIdentity, AZombieIsDead) {
     if (st == 'Z') break;
     usleep(1000);
   }
+  // The leader shows Z as soon as the main thread is gone; the process is
+  // dead once its last thread is (under TSan, its background thread ends a
+  // moment after exit() began). Bounded: never sleeping to hope.
+  const uint64_t until = deadline_after_ms(10000);
+  while (is_alive(*id) && now_ns() < until) usleep(1000);
   EXPECT_FALSE(is_alive(*id));
   wait_child(child, 10000);
 }
