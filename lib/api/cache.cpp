@@ -18,6 +18,19 @@
 #include "ucm_build_config.h"
 
 namespace ucm {
+namespace {
+
+// Stores whose I/O threads were left in the kernel at finalize: those threads
+// return into them, so they live as long as the process.
+void keep_for_stuck_threads(std::unique_ptr<Backend> b) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::unique_ptr<Backend>>();
+  std::lock_guard<std::mutex> g(mu);
+  kept->push_back(std::move(b));
+}
+
+}  // namespace
+
 
 Cache::~Cache() { release_local(); }
 
@@ -203,7 +216,9 @@ void Cache::release_local() {
     io_left_ = backend_->shutdown(deadline_after_ms(config_.timeout_ms));
     if (io_left_ > 0) {
       g_io_threads_left.fetch_add(io_left_, std::memory_order_relaxed);
-      (void)backend_.release();
+      // Kept, not freed: its stuck threads return into it. Reachable from a
+      // list that lives as long as the process (so not a leak to a checker).
+      keep_for_stuck_threads(std::move(backend_));
     }
   }
   backend_.reset();

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <mutex>
+#include <unordered_set>
 
 #include "common/log.h"
 #include "common/time.h"
@@ -19,6 +21,21 @@ constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's def
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
+
+// I/Os past their deadline whose store has not completed them yet. A store
+// stuck in the kernel may complete one at any time (or never, if finalize left
+// its thread behind): the request must stay valid as long as the process, so
+// it is kept here, reachable, until its late completion frees it.
+std::mutex g_overdue_mu;
+std::unordered_set<const void*>& overdue() {
+  static auto* s = new std::unordered_set<const void*>();
+  return *s;
+}
+void note_overdue(const void* io, bool add_it) {
+  std::lock_guard<std::mutex> g(g_overdue_mu);
+  if (add_it) overdue().insert(io);
+  else overdue().erase(io);
+}
 
 }  // namespace
 
@@ -345,6 +362,7 @@ uint64_t LoadQueue::expire_due_ios() {
       // From here the store's completion only drops the I/O's pin; the Io
       // may be freed by it at any moment, so copy what we need now.
       io->expired = true;
+      note_overdue(io, true);
       expired_ios_.fetch_add(1, std::memory_order_relaxed);
       due.push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
       live_ios_[k] = live_ios_.back();
@@ -432,6 +450,7 @@ void LoadQueue::on_io_done(IoRequest* req) {
     UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", q->opts_.local_rank,
              q->key_text(req->key).c_str());
     q->cache_->release(io->slot);
+    note_overdue(io, false);
     delete io;
     return;
   }

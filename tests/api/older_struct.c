@@ -10,6 +10,8 @@
  * on every rank. */
 #include <ucmcache/ucm.h>
 
+#include "../mpi/leak_check.h"
+
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
 
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) printf("older_struct: %s (%d failures)\n", all ? "FAIL" : "ok", all);
+  leak_check_before_mpi_finalize();
   MPI_Finalize();
   return all ? 1 : 0;
 }
