@@ -290,17 +290,27 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
   return Result::kOk;
 }
 
-Result BufferCtrl::join(uint32_t r) {
-  if (r >= max_ranks_) return fail(Result::kInvalidArg, "local rank %u >= max_ranks %u", r, max_ranks_);
-  // Peers tell this rank from a later process with its pid by the start time:
-  // without one it would look dead to all of them, who would then steal its
-  // locks and zero its pins while it runs.
-  const ProcessIdentity self = self_identity();
-  if (self.start_ticks == 0)
+namespace {
+
+// This process's identity for rank r's record. Peers tell a rank from a later
+// process with its pid by the start time: without one it would look dead to
+// all of them, who would then steal its locks and zero its pins while it runs.
+Result identity_for_record(uint32_t r, ProcessIdentity* out) {
+  *out = self_identity();
+  if (out->start_ticks == 0)
     return fail(Result::kSystem,
                 "local rank %u cannot establish its own identity: /proc/self/stat of pid %d is unreadable (is /proc "
                 "mounted in this mount namespace?)",
-                r, self.pid);
+                r, out->pid);
+  return Result::kOk;
+}
+
+}  // namespace
+
+Result BufferCtrl::join(uint32_t r) {
+  if (r >= max_ranks_) return fail(Result::kInvalidArg, "local rank %u >= max_ranks %u", r, max_ranks_);
+  ProcessIdentity self;
+  UCM_CHECK(identity_for_record(r, &self));
   RankRecord& rec = rank(r);
   uint32_t st = static_cast<uint32_t>(RankState::kFree);
   if (!rec.state.compare_exchange_strong(st, static_cast<uint32_t>(RankState::kJoining), std::memory_order_acq_rel)) {
@@ -327,12 +337,8 @@ Result BufferCtrl::adopt_dead_record(uint32_t r) {
   // The caller holds the recovery lock (join_rank), so no reaper frees the
   // record under us. Identity first (start time, then the pid, released):
   // a prober then sees this process, never the dead one in a live state.
-  const ProcessIdentity self = self_identity();
-  if (self.start_ticks == 0)
-    return fail(Result::kSystem,
-                "local rank %u cannot establish its own identity: /proc/self/stat of pid %d is unreadable (is /proc "
-                "mounted in this mount namespace?)",
-                r, self.pid);
+  ProcessIdentity self;
+  UCM_CHECK(identity_for_record(r, &self));
   rec.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
   rec.pid.store(self.pid, std::memory_order_release);
   rec.state.store(static_cast<uint32_t>(RankState::kJoining), std::memory_order_release);
