@@ -2,10 +2,8 @@
 // the value ucm_config_init gives now, the default, where the value came from,
 // and one line of help.
 //
-// A view, not the definition: the values come from config_defaults,
-// config_from_env and describe_config (the line init logs), so this file
-// holds only the variable names and the help. When config.cpp grows one table
-// of tunables, this view is to read that table instead.
+// A view, not the definition: every row comes from the one table of
+// tunables in config.cpp (name, variable, default, help, layout flag).
 #pragma once
 
 #include <string>
