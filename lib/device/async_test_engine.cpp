@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "device/copy_engine.h"
+#include "device/host_engine.h"
 #include "device/ticket_ledger.h"
 
 namespace ucm {
@@ -179,25 +180,6 @@ class AsyncTestStream final : public CopyStream {
   std::thread worker_;
 };
 
-class AsyncTestEngine final : public CopyEngine {
- public:
-  AsyncTestEngine(int id, const AsyncTestOptions& o) : id_(id), opts_(o) {}
-  const char* name() const override { return "async-test"; }
-  int device_id() const override { return id_; }
-  uint64_t alignment() const override { return 64; }
-  Result register_host(void*, uint64_t) override { return Result::kOk; }
-  void unregister_host(void*) override {}
-  std::string pci_bus_id() const override { return {}; }
-  Result open_stream(std::unique_ptr<CopyStream>* out) override {
-    *out = std::make_unique<AsyncTestStream>(opts_);
-    return Result::kOk;
-  }
-
- private:
-  int id_;
-  AsyncTestOptions opts_;
-};
-
 }  // namespace
 
 void AsyncTestGate::allow(uint64_t n) {
@@ -224,7 +206,7 @@ bool AsyncTestGate::take(uint32_t slice_ms) {
 }
 
 std::unique_ptr<CopyEngine> make_async_test_engine(int device_id, const AsyncTestOptions& o) {
-  return std::make_unique<AsyncTestEngine>(device_id, o);
+  return make_memory_engine("async-test", device_id, [o] { return std::make_unique<AsyncTestStream>(o); });
 }
 
 }  // namespace ucm

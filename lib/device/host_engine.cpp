@@ -23,25 +23,35 @@ class HostStream final : public CopyStream {
   uint64_t last_ = 0;
 };
 
-class HostEngine final : public CopyEngine {
+class MemoryEngine final : public CopyEngine {
  public:
-  explicit HostEngine(int id) : id_(id) {}
-  const char* name() const override { return "host"; }
+  MemoryEngine(const char* name, int id, std::function<std::unique_ptr<CopyStream>()> open)
+      : name_(name), id_(id), open_(std::move(open)) {}
+  const char* name() const override { return name_; }
   int device_id() const override { return id_; }
   uint64_t alignment() const override { return 64; }
   Result register_host(void*, uint64_t) override { return Result::kOk; }
   void unregister_host(void*) override {}
   std::string pci_bus_id() const override { return {}; }
   Result open_stream(std::unique_ptr<CopyStream>* out) override {
-    *out = std::make_unique<HostStream>();
+    *out = open_();
     return Result::kOk;
   }
 
  private:
+  const char* name_;
   int id_;
+  std::function<std::unique_ptr<CopyStream>()> open_;
 };
 }  // namespace
 
-std::unique_ptr<CopyEngine> make_host_engine(int device_id) { return std::make_unique<HostEngine>(device_id); }
+std::unique_ptr<CopyEngine> make_memory_engine(const char* name, int device_id,
+                                               std::function<std::unique_ptr<CopyStream>()> open) {
+  return std::make_unique<MemoryEngine>(name, device_id, std::move(open));
+}
+
+std::unique_ptr<CopyEngine> make_host_engine(int device_id) {
+  return make_memory_engine("host", device_id, [] { return std::make_unique<HostStream>(); });
+}
 
 }  // namespace ucm

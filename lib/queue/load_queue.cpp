@@ -668,6 +668,17 @@ bool LoadQueue::regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind) {
   return true;
 }
 
+bool LoadQueue::load_as_owner(Item& it, uint32_t* w) {
+  const Result r = start_load(it.task, it.index, it.slot);
+  if (r != Result::kOk) {
+    (void)cache_->mark_failed(it.slot);
+    fail_item(it, r, key_text(it.task->entries()[it.index].key) + ": " + last_error());
+    return false;
+  }
+  *w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+  return true;
+}
+
 bool LoadQueue::process(Item& it) {
   if (it.task->kind() == TaskKind::kDump) {
     process_dump(it);  // may wait on its one slot (bounded by the task's deadline)
@@ -691,15 +702,7 @@ bool LoadQueue::process(Item& it) {
       // Its load was abandoned at its deadline: the key, not the slot, is taken over.
       GetKind kind = GetKind::kWaiter;
       if (!regain(it, &w, started, &kind)) return true;
-      if (kind == GetKind::kOwner) {
-        const Result r = start_load(it.task, it.index, it.slot);
-        if (r != Result::kOk) {
-          (void)cache_->mark_failed(it.slot);
-          fail_item(it, r, key_text(e.key) + ": " + last_error());
-          return true;
-        }
-        w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
-      }
+      if (kind == GetKind::kOwner && !load_as_owner(it, &w)) return true;
       continue;
     }
     if (s == State::kFailed || unowned) {
@@ -715,14 +718,7 @@ bool LoadQueue::process(Item& it) {
                       (why.empty() ? "" : " (last error here: " + why + ")"));
         return true;
       }
-      if (cache_->try_take_over(it.slot, w)) {
-        const Result r = start_load(it.task, it.index, it.slot);
-        if (r != Result::kOk) {
-          (void)cache_->mark_failed(it.slot);
-          fail_item(it, r, key_text(e.key) + ": " + last_error());
-          return true;
-        }
-      }
+      if (cache_->try_take_over(it.slot, w) && !load_as_owner(it, &w)) return true;
       w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
       continue;
     }

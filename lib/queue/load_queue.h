@@ -141,6 +141,9 @@ class LoadQueue {
   // One look at an entry, never sleeping on its slot: true when it is done
   // (copied, written, or failed), false while it waits (it.word).
   bool process(Item& it);
+  // This rank owns the entry's slot now: start its load. False when that
+  // failed (the slot is marked Failed and the entry failed).
+  bool load_as_owner(Item& it, uint32_t* w);
   void process_dump(Item& it);
   void dump_ready(Item& it, uint64_t started);
   // Waits for the slot's word to change from *w; false when the item failed.
