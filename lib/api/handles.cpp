@@ -78,12 +78,18 @@ Result retire_handle(ucm_cache_t h, void (*close)(Cache*), Retired* out) {
   {
     std::lock_guard<std::mutex> g(g_mu);
     UCM_CHECK(lookup_locked(h));
-    if (h->closing.exchange(true))
+    if (h->finalizing.exchange(true))
       return fail(Result::kFinalized, "cache handle %p is already being finalized by another thread",
                   static_cast<void*>(h));
   }
   Cache* c = h->impl.get();
+  // Close first, then refuse new calls: a ucm_task_wait refused here returns
+  // UCM_ERR_FINALIZED, and its caller may then free the task's destinations,
+  // so the queue must have stopped writing into them before any call is
+  // refused. Calls that start meanwhile are safe: the cache refuses new tasks
+  // itself once its queue stops, and a wait returns when its task is abandoned.
   close(c);
+  h->closing.store(true);
   const uint32_t timeout_ms = c->config().timeout_ms;
   bool drained;
   {

@@ -11,12 +11,16 @@
 //   1. A call looks the handle up in the table (under the table's mutex), then
 //      counts itself in `calls` and only then reads `closing`; seeing it set,
 //      it counts itself out and returns UCM_ERR_FINALIZED.
-//   2. Finalize sets `closing` (under the table's mutex, once: a second
-//      finalize is UCM_ERR_FINALIZED), then reads `calls`. Both sides use
-//      sequentially consistent operations, so either the call sees `closing`
-//      or finalize sees the call: no call starts on a cache being freed.
-//   3. Finalize wakes every blocked wait, then waits (bounded) until `calls`
-//      is 0; the last call out notifies it under `mu`.
+//   2. Finalize sets `finalizing` (under the table's mutex, once: a second
+//      finalize is UCM_ERR_FINALIZED) and closes the cache: its queue stops
+//      (nothing more is written into any task's destinations) and every
+//      blocked wait is woken. Only then it sets `closing` and reads `calls`:
+//      a call refused with UCM_ERR_FINALIZED may free its buffers at once.
+//      Both sides use sequentially consistent operations, so either the call
+//      sees `closing` or finalize sees the call: no call starts on a cache
+//      being freed.
+//   3. Finalize waits (bounded) until `calls` is 0; the last call out
+//      notifies it under `mu`.
 //   4. The handle becomes a tombstone; the Cache is freed, unless calls were
 //      still running when the bound ran out: then it is left allocated (see
 //      ucm_cache_finalize in ucm.h).
@@ -36,7 +40,8 @@
 struct ucm_cache_s {
   std::unique_ptr<ucm::Cache> impl;  // null once finalized
   std::atomic<uint32_t> calls{0};    // C API calls running on impl
-  std::atomic<bool> closing{false};  // set once, by finalize; never cleared
+  std::atomic<bool> finalizing{false};  // set once, when finalize begins; never cleared
+  std::atomic<bool> closing{false};     // set once, by finalize after closing the cache; never cleared
   std::mutex mu;                     // with cv: finalize waits for calls == 0
   std::condition_variable cv;
 };
