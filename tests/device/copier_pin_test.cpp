@@ -146,8 +146,8 @@ TEST(CopierWithAsyncEngine, ShardsReadyTogetherGoOutInOneBatch) {
   o.delay_us = 0;
   o.gate = std::make_shared<AsyncTestGate>();
   o.stats = std::make_shared<AsyncTestStats>();
-  GateOpener opener{o.gate};
   Rank r;
+  GateOpener opener{o.gate};  // destroyed first: a failed ASSERT never leaves the copier waiting on a shut gate
   ASSERT_NO_FATAL_FAILURE(r.open(o));
   ASSERT_NO_FATAL_FAILURE(warm(r, *o.gate, 200, 6, 1));
   // One copy held in flight: the idle copier waits for it to land.
@@ -179,15 +179,24 @@ TEST(CopierWithAsyncEngine, AFullWindowWaitsForTheOldestCopyOnly) {
   o.delay_us = 0;
   o.gate = std::make_shared<AsyncTestGate>();
   o.stats = std::make_shared<AsyncTestStats>();
-  GateOpener opener{o.gate};
   Rank r;
+  GateOpener opener{o.gate};  // destroyed first: a failed ASSERT never leaves the copier waiting on a shut gate
   ASSERT_NO_FATAL_FAILURE(r.open(o));
   ASSERT_NO_FATAL_FAILURE(warm(r, *o.gate, 400, 12, 1));
-  const uint64_t copies = o.stats->copies.load();
-  std::vector<std::vector<uint8_t>> d;
-  auto t = load_task(2, &d, 12, 400);
+  // Step-synchronized, not raced: one copy held in flight keeps the idle
+  // copier waiting while all twelve hits are handed to it, so it finds them
+  // in one round whatever the scheduler does.
+  std::vector<std::vector<uint8_t>> da, d;
+  auto a = load_task(2, &da, 1, 500);
+  ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
+  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  const uint64_t hits = r.cache->counters().hits.load();
+  auto t = load_task(3, &d, 12, 400);
   ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
-  // The window fills (8 copies) and nothing lands.
+  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 12; }));
+  const uint64_t copies = o.stats->copies.load();
+  o.gate->allow(1);  // the held copy lands
+  // The window fills (8 copies) and nothing more lands.
   ASSERT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
   EXPECT_EQ(o.stats->copies.load(), copies + 8) << "more copies than the window in flight";
   o.gate->allow(1);  // the oldest lands
