@@ -11,14 +11,24 @@
 // a fresh temporary directory (removed at the end), a cache smaller than the
 // working set so that eviction and reloads happen. It prints a progress line
 // per decode step and a summary: tasks, hit rate, backend loads per unique
-// shard, GB/s, task latency percentiles.
+// shard, GB/s, task latency percentiles, and its own bound (demo_bound.h):
+// the raw O_DIRECT read rate of the store's files measured after decode, the
+// fewest loads this cache size allows (Belady's MIN on the node's sequence of
+// shard requests, from what the cache held when decode began), the decode
+// time those allow, and the fraction of it reached. Issue 15 counts the
+// fewest loads another way, as what 1 rank loads on the same cache: a 1-rank
+// run reports its own, an N-rank run takes it from --one-rank-loads.
 //
 //   mpirun -np 4 ucm_demo [--prompts 32] [--layers 16] [--shard-kib 256]
 //                         [--cache-mib 48] [--steps 3] [--hot 4] [--store DIR]
-//                         [--backend SPEC]
+//                         [--backend SPEC] [--raw-passes 5] [--one-rank-loads N]
+//                         [--json PATH]
+#include <dirent.h>
 #include <mpi.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -28,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "demo_bound.h"
 #include "ucmcache/ucm.h"
 
 namespace {
@@ -41,6 +52,9 @@ struct Options {
   int hot = 4;
   std::string store;
   std::string backend;
+  int raw_passes = 5;            // at least this many raw-read passes (and 0.25 s); 0: no raw read, no bound
+  int64_t one_rank_loads = -1;   // the issue's count of the fewest loads, from a 1-rank run
+  std::string json;
 };
 
 [[noreturn]] void die(int rank, const char* what, ucm_result_t r, const char* detail) {
@@ -67,6 +81,9 @@ bool parse(int argc, char** argv, Options* o) {
     else if (a == "--hot") o->hot = std::atoi(next("--hot"));
     else if (a == "--store") o->store = next("--store");
     else if (a == "--backend") o->backend = next("--backend");
+    else if (a == "--raw-passes") o->raw_passes = std::atoi(next("--raw-passes"));
+    else if (a == "--one-rank-loads") o->one_rank_loads = std::atoll(next("--one-rank-loads"));
+    else if (a == "--json") o->json = next("--json");
     else if (a == "-h" || a == "--help") return false;
     else {
       std::fprintf(stderr, "ucm_demo: unknown argument %s\n", a.c_str());
@@ -74,8 +91,9 @@ bool parse(int argc, char** argv, Options* o) {
     }
   }
   if (o->prompts < 1 || o->layers < 1 || o->shard_kib < 4 || o->cache_mib < 1 || o->steps < 1 || o->hot < 0 ||
-      o->hot > o->prompts) {
-    std::fprintf(stderr, "ucm_demo: out-of-range option (prompts, layers >= 1; shard-kib >= 4; 0 <= hot <= prompts)\n");
+      o->hot > o->prompts || o->raw_passes < 0 || o->raw_passes > 100 || o->one_rank_loads < -1) {
+    std::fprintf(stderr, "ucm_demo: out-of-range option (prompts, layers >= 1; shard-kib >= 4; 0 <= hot <= prompts; "
+                         "0 <= raw-passes <= 100; one-rank-loads >= 0)\n");
     return false;
   }
   return true;
@@ -118,6 +136,52 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The posix store's directory and I/O threads from a backend spec
+// "posix:/dir[,depth=8][,...]" (the path runs to the first ',' that starts
+// one of the store's options); false for any other store.
+bool posix_store(const std::string& spec, std::string* dir, uint32_t* depth) {
+  if (spec.rfind("posix:", 0) != 0) return false;
+  std::string rest = spec.substr(6);
+  *depth = 8;
+  size_t cut = std::string::npos;
+  for (const char* k : {",depth=", ",direct=", ",sync=", ",file_mode="}) cut = std::min(cut, rest.find(k));
+  *dir = rest.substr(0, cut);
+  const size_t d = rest.find(",depth=", cut == std::string::npos ? 0 : cut);
+  if (d != std::string::npos) *depth = static_cast<uint32_t>(std::max(1, std::atoi(rest.c_str() + d + 7)));
+  return true;
+}
+
+// The block files in the store's directory, in name order.
+std::vector<std::string> store_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.size() > 7 && n.compare(n.size() - 7, 7, ".ucmblk") == 0) out.push_back(dir + "/" + n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The raw read runs its passes for at least this long (and at least
+// --raw-passes of them), so that its best pass is a quiet one.
+constexpr double kRawMinSeconds = 0.25;
+
+// A barrier whose waiters sleep (1 ms naps) instead of spinning in MPI, so the
+// ranks that wait take no CPU from the one that measures the raw read rate.
+void quiet_barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    const timespec nap{0, 1000000};
+    nanosleep(&nap, nullptr);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +193,8 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &o)) {
     if (rank == 0)
       std::fprintf(stderr, "usage: mpirun -np N ucm_demo [--prompts N] [--layers L] [--shard-kib K] [--cache-mib M] "
-                           "[--steps S] [--hot H] [--store DIR] [--backend SPEC]\n");
+                           "[--steps S] [--hot H] [--store DIR] [--backend SPEC] [--raw-passes P] "
+                           "[--one-rank-loads N] [--json PATH]\n");
     MPI_Finalize();
     return 2;
   }
@@ -196,11 +261,38 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double prefill_s = seconds_since(t_prefill);
 
+  // ---- the bound's start: what the cache holds, the counters --------------
+  // Key id p * layers + layer. Rank 0 asks where every shard is once every
+  // rank's dumps are done; the counters are read before decode starts.
+  const uint64_t unique_shards = uint64_t(o.prompts) * uint64_t(o.layers);
+  std::vector<uint64_t> resident;
+  ucm_stats_t mine0{}, node0{};
+  mine0.struct_bytes = node0.struct_bytes = sizeof(ucm_stats_t);
+  if (rank == 0) {
+    std::vector<ucm_key_t> keys(unique_shards);
+    for (uint64_t id = 0; id < unique_shards; ++id) {
+      keys[id].block = block_id(id / o.layers);
+      keys[id].shard = static_cast<uint32_t>(id % o.layers);
+      keys[id].reserved = 0;
+    }
+    std::vector<uint8_t> where(unique_shards, UCM_WHERE_NONE);
+    for (uint64_t at = 0; at < unique_shards; at += cfg.max_task_entries) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(cfg.max_task_entries, unique_shards - at));
+      if ((r = ucm_lookup(cache, keys.data() + at, n, where.data() + at)) != UCM_OK)
+        die(rank, "ucm_lookup", r, ucm_last_error(cache));
+    }
+    for (uint64_t id = 0; id < unique_shards; ++id)
+      if (where[id] == UCM_WHERE_CACHE) resident.push_back(id);
+  }
+  (void)ucm_cache_stats(cache, &mine0, rank == 0 ? &node0 : nullptr);
+  MPI_Barrier(MPI_COMM_WORLD);
+
   // ---- decode: load the prompts back, layer by layer -------------------------
   std::vector<ucm_block_t> hot(o.hot);
   for (int p = 0; p < o.hot; ++p) hot[p] = block_id(p);
   std::fill(kv.begin(), kv.end(), 0);
   uint64_t bad = 0, tasks = 0;
+  double in_tasks_s = 0;  // submit to wait's return, summed: the time decode waited for the cache
   const auto t_decode = std::chrono::steady_clock::now();
   for (int step = 0; step < o.steps; ++step) {
     if (!hot.empty() && (r = ucm_touch(cache, hot.data(), hot.size())) != UCM_OK)
@@ -214,8 +306,10 @@ int main(int argc, char** argv) {
         es[p].dst = kv.data() + p * shard;
       }
       ucm_task_t t;
+      const auto t_task = std::chrono::steady_clock::now();
       if ((r = ucm_load_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_load_task", r, ucm_last_error(cache));
       if ((r = ucm_task_wait(cache, t, -1)) != UCM_OK) die(rank, "load task", r, ucm_last_error(cache));
+      in_tasks_s += seconds_since(t_task);
       ++tasks;
       for (int p = 0; p < o.prompts; ++p)
         if (!check_kv(p, layer, kv.data() + p * shard, shard)) ++bad;
@@ -232,6 +326,21 @@ int main(int argc, char** argv) {
   }
   const double decode_s = seconds_since(t_decode);
 
+  // ---- the bound: raw read rate of the store's files, on rank 0 alone ------
+  // The other ranks nap meanwhile (quiet_barrier), so the read has the CPUs.
+  std::string store_dir;
+  uint32_t store_depth = 0;
+  const bool posix = posix_store(cfg.backend, &store_dir, &store_depth);
+  ucm_demo::RawRead raw;
+  if (rank == 0) {
+    if (!posix) raw.error = "the store is not posix";
+    else if (o.raw_passes == 0) raw.error = "--raw-passes 0";
+    else
+      raw = ucm_demo::raw_read_rate(store_files(store_dir), shard, store_depth, o.raw_passes,
+                                    unique_shards * shard, kRawMinSeconds);
+  }
+  quiet_barrier();
+
   // ---- summary -----------------------------------------------------------
   ucm_stats_t mine{}, node{};
   mine.struct_bytes = node.struct_bytes = sizeof(ucm_stats_t);
@@ -244,6 +353,11 @@ int main(int argc, char** argv) {
   MPI_Reduce(&leader, &leaders, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
   double gbps = double(mine.bytes_to_device) / decode_s / 1e9, gbps_all = 0;
   MPI_Reduce(&gbps, &gbps_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  double in_tasks_max = 0;
+  MPI_Reduce(&in_tasks_s, &in_tasks_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const uint64_t my_loads = mine.owner_loads - mine0.owner_loads;
+  std::vector<uint64_t> rank_loads(rank == 0 ? size : 0);
+  MPI_Gather(&my_loads, 1, MPI_UINT64_T, rank_loads.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   if (rank == 0) {
     const double unique = double(o.prompts) * o.layers;
     const double asked = double(node.hits + node.owner_loads + node.waits);
@@ -260,6 +374,97 @@ int main(int argc, char** argv) {
     std::printf("  task latency: p50 <= %" PRIu64 " us, p90 <= %" PRIu64 " us, p99 <= %" PRIu64 " us\n",
                 node.latency_p50_us, node.latency_p90_us, node.latency_p99_us);
     std::printf("  verification: %s (%" PRIu64 " bad shards)\n", bad_all == 0 ? "every byte right" : "FAILED", bad_all);
+
+    // The bound, for node 0. Its sequence of shard requests is the program's
+    // order (every local rank asks for the same keys); a shard it loaded may
+    // also sit in a reserved slot when prealloc is on, so both pools count.
+    std::vector<uint64_t> seq;
+    seq.reserve(static_cast<size_t>(o.steps) * unique_shards);
+    for (int step = 0; step < o.steps; ++step)
+      for (int layer = 0; layer < o.layers; ++layer)
+        for (int p = 0; p < o.prompts; ++p) seq.push_back(uint64_t(p) * o.layers + layer);
+    const uint64_t capacity = uint64_t(info.regular_slots) + (cfg.prealloc ? info.reserved_slots : 0);
+    const uint64_t min_loads = ucm_demo::belady_min(seq, resident, capacity);
+    const uint64_t loads = node.owner_loads - node0.owner_loads;
+    const int64_t one_rank = info.local_size == 1 ? int64_t(loads) : o.one_rank_loads;
+    const double rate = raw.error.empty() ? raw.best_bytes_per_s : 0;
+    const double achievable_s = rate > 0 ? double(min_loads) * double(shard) / rate : 0;
+    const double achievable_1r_s = rate > 0 && one_rank >= 0 ? double(one_rank) * double(shard) / rate : 0;
+    const double fraction = achievable_s > 0 ? achievable_s / decode_s : 0;
+    const double fraction_tasks = achievable_s > 0 && in_tasks_max > 0 ? achievable_s / in_tasks_max : 0;
+    const double fraction_1r = achievable_1r_s > 0 ? achievable_1r_s / decode_s : 0;
+    uint64_t lmax = 0, lmin = UINT64_MAX;
+    for (uint64_t l : rank_loads) lmax = std::max(lmax, l), lmin = std::min(lmin, l);
+    std::printf("  owner loads per rank in decode: max %" PRIu64 ", min %" PRIu64, lmax, lmin);
+    if (lmin > 0) std::printf(" (max/min %.2f)", double(lmax) / double(lmin));
+    std::printf("\n  bound: min loads %" PRIu64 " (Belady's MIN, %" PRIu64 " slots, %zu of %" PRIu64
+                " shards resident when decode began) against %" PRIu64 " made (%.2fx)\n",
+                min_loads, capacity, resident.size(), unique_shards, loads,
+                min_loads > 0 ? double(loads) / double(min_loads) : 0.0);
+    if (raw.error.empty()) {
+      std::printf("  bound: raw read %.2f GB/s (%s, best of %d passes of %.1f MiB in %u files on %u threads; "
+                  "median %.2f GB/s)\n",
+                  raw.best_bytes_per_s / 1e9, raw.direct ? "O_DIRECT" : "page cache: the file system refused O_DIRECT",
+                  raw.passes, double(raw.bytes_per_pass) / (1 << 20), raw.files, raw.threads,
+                  raw.median_bytes_per_s / 1e9);
+      std::printf("  bound: achievable decode %.3f s; reached %.2f of achievable (decode %.3f s), "
+                  "%.2f counting only the time in load tasks (%.3f s, slowest rank)\n",
+                  achievable_s, fraction, decode_s, fraction_tasks, in_tasks_max);
+      if (one_rank >= 0)
+        std::printf("  bound, the issue's count (the loads 1 rank makes on this cache, %" PRId64
+                    "%s): achievable %.3f s, reached %.2f\n",
+                    one_rank, info.local_size == 1 ? ", this run" : ", --one-rank-loads", achievable_1r_s, fraction_1r);
+      else
+        std::printf("  bound, the issue's count: not known with %d ranks per node (give --one-rank-loads N from a "
+                    "1-rank run on the same cache)\n",
+                    info.local_size);
+    } else {
+      std::printf("  bound: raw read rate not measured (%s), so no achievable time\n", raw.error.c_str());
+    }
+
+    if (!o.json.empty()) {
+      FILE* f = std::fopen(o.json.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "ucm_demo: cannot write %s: %s\n", o.json.c_str(), std::strerror(errno));
+        bad_all += 1;  // the run fails: its result was asked for and is lost
+      } else {
+        auto num = [](double v, bool known) { return known ? std::to_string(v) : std::string("null"); };
+        auto esc = [](const std::string& in) {
+          std::string e;
+          for (char c : in) {
+            if (c == '"' || c == '\\') e += '\\';
+            if (static_cast<unsigned char>(c) >= 0x20) e += c;
+          }
+          return e;
+        };
+        std::fprintf(f,
+                     "{\n  \"schema\": \"ucm_demo/1\",\n  \"ranks\": %d, \"local_size\": %d, \"nodes\": %d,\n"
+                     "  \"prompts\": %d, \"layers\": %d, \"shard_bytes\": %" PRIu64 ", \"cache_bytes\": %" PRIu64
+                     ", \"steps\": %d, \"hot\": %d,\n  \"backend\": \"%s\",\n"
+                     "  \"prefill_s\": %.6f, \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
+                     ",\n  \"unique_shards\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"loads_per_unique\": %.4f,\n"
+                     "  \"owner_loads_max\": %" PRIu64 ", \"owner_loads_min\": %" PRIu64 ", \"owner_loads_max_over_min\": %s,\n"
+                     "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"bad_shards\": %" PRIu64 ",\n"
+                     "  \"bound\": {\n    \"capacity_slots\": %" PRIu64 ", \"resident_at_start\": %zu, \"min_loads\": %" PRIu64
+                     ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
+                     "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
+                     "    \"achievable_s\": %s, \"fraction\": %s, \"fraction_in_tasks\": %s,\n"
+                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s\n  }\n}\n",
+                     size, info.local_size, info.node_count, o.prompts, o.layers, shard, uint64_t(cfg.cache_bytes), o.steps,
+                     o.hot, esc(cfg.backend).c_str(), prefill_s, decode_s, in_tasks_max, tasks, unique_shards, loads,
+                     double(loads) / double(unique_shards), lmax, lmin,
+                     num(lmin > 0 ? double(lmax) / double(lmin) : 0, lmin > 0).c_str(), node.hits - node0.hits,
+                     node.waits - node0.waits, node.evictions - node0.evictions, bad_all, capacity, resident.size(),
+                     min_loads, esc(raw.error).c_str(), raw.direct && raw.error.empty() ? "true" : "false", raw.passes,
+                     raw.threads, raw.bytes_per_pass, num(raw.best_bytes_per_s / 1e9, rate > 0).c_str(),
+                     num(raw.median_bytes_per_s / 1e9, rate > 0).c_str(), num(achievable_s, rate > 0).c_str(),
+                     num(fraction, rate > 0).c_str(), num(fraction_tasks, rate > 0).c_str(),
+                     one_rank >= 0 ? std::to_string(one_rank).c_str() : "null",
+                     num(achievable_1r_s, rate > 0 && one_rank >= 0).c_str(),
+                     num(fraction_1r, rate > 0 && one_rank >= 0).c_str());
+        std::fclose(f);
+      }
+    }
   }
   r = ucm_cache_finalize(&cache);
   if (r != UCM_OK) die(rank, "ucm_cache_finalize", r, ucm_last_error(nullptr));

@@ -39,7 +39,7 @@ skip() { say "SKIP: $*"; exit 77; }
 fail() { say "FAIL: $*"; exit 1; }
 elapsed() { printf '%ds' $((SECONDS - t0)); }
 
-for exe in "$build/apps/ucm_info" "$build/apps/ucm_demo" "$build/apps/ucm_bench"; do
+for exe in "$build/apps/ucm_info" "$build/apps/ucm_demo" "$build/bench/ucm_bench"; do
   [[ -x "$exe" ]] || fail "$exe is not built (ninja -C $build)"
 done
 

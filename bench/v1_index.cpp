@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <sys/mman.h>
 
+#include <functional>
 #include <new>
+#include <string_view>
 
 #include "ctrl/layout.h"
 #include "sync/spin.h"
@@ -13,11 +15,25 @@ namespace {
 
 size_t align64(size_t x) { return (x + 63) & ~size_t{63}; }
 
+bool is_prime(uint32_t n) {
+  if (n < 2) return false;
+  for (uint32_t d = 2; static_cast<uint64_t>(d) * d <= n; ++d)
+    if (n % d == 0) return false;
+  return true;
+}
+
 }  // namespace
 
+uint32_t V1Index::buckets_for(uint32_t slots) {
+  uint32_t b = kV1Buckets;
+  if (slots > b)
+    for (b = slots; !is_prime(b); ++b) {
+    }
+  return b;
+}
+
 V1Index* V1Index::create(uint32_t slots) {
-  uint32_t buckets = 1;
-  while (buckets < slots) buckets <<= 1;
+  const uint32_t buckets = buckets_for(slots);
   const size_t obj = align64(sizeof(V1Index));
   const size_t mtx = align64(sizeof(pthread_mutex_t) * buckets);
   const size_t heads = align64(sizeof(uint32_t) * buckets);
@@ -30,7 +46,7 @@ V1Index* V1Index::create(uint32_t slots) {
   auto* ix = new (base) V1Index();
   ix->bytes_ = bytes;
   ix->slots_ = slots;
-  ix->bucket_mask_ = buckets - 1;
+  ix->bucket_count_ = buckets;
   ix->mutexes_ = reinterpret_cast<pthread_mutex_t*>(base + obj);
   ix->heads_ = reinterpret_cast<uint32_t*>(base + obj + mtx);
   ix->nodes_ = reinterpret_cast<Node*>(base + obj + mtx + heads);
@@ -60,12 +76,17 @@ V1Index* V1Index::create(uint32_t slots) {
 void V1Index::destroy(V1Index* ix) {
   if (!ix) return;
   const size_t bytes = ix->bytes_;
-  for (uint32_t b = 0; b <= ix->bucket_mask_; ++b) pthread_mutex_destroy(&ix->mutexes_[b]);
+  for (uint32_t b = 0; b < ix->bucket_count_; ++b) pthread_mutex_destroy(&ix->mutexes_[b]);
   ix->~V1Index();
   munmap(ix, bytes);
 }
 
-uint32_t V1Index::bucket_of_key(const Key& k) const { return bucket_of(k, bucket_mask_); }
+uint32_t V1Index::bucket_of_key(const Key& k) const {
+  static_assert(sizeof(BlockId) == 16, "v1 hashes the id's 16 bytes");
+  const size_t h = std::hash<std::string_view>{}(
+      std::string_view(reinterpret_cast<const char*>(&k.block), sizeof(BlockId)));
+  return static_cast<uint32_t>((h + k.shard) % bucket_count_);
+}
 
 void V1Index::lock_bucket(uint32_t b) {
   // A holder that died leaves EOWNERDEAD: take the mutex over as v1 did.

@@ -1,0 +1,232 @@
+// ucm_demo's bound (issue 15, goal 2): what the store and this cache size allow,
+// measured in the same run as the decode it judges.
+//
+//   min loads    Belady's MIN: the fewest backend loads a cache of C slots
+//                needs to serve the node's sequence of shard requests, starting
+//                from what the cache held when decode began. A loaded shard
+//                must be held in a slot to be copied (demand paging), and MIN
+//                evicts the shard used farthest in the future, which is optimal
+//                for that model: no eviction policy loads fewer.
+//   raw rate     the read rate of the store's own files by O_DIRECT, in chunks
+//                of one shard (rounded up to 4 KiB), on as many threads as the
+//                store has I/O threads, with no cache, no copies, no checks.
+//                The best of several passes (the least disturbed one, on a
+//                machine that other work shares), so the bound errs towards
+//                asking more of the demo, never less.
+//   achievable   min loads x shard bytes / raw rate.
+//
+// Header-only, no ucmcache internals: the demo uses the public API only, and
+// tests/bench/demo_bound_test.cpp checks belady_min on sequences whose MIN is
+// known by hand.
+#pragma once
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace ucm_demo {
+
+// The fewest loads (misses) a cache of `capacity` entries needs to serve `seq`
+// in order, when it starts holding `resident` (keys beyond `capacity` of them
+// are ignored). Each request of a key not held is a load, and the key is then
+// held (evicting the held key whose next request is farthest, or never).
+inline uint64_t belady_min(const std::vector<uint64_t>& seq, const std::vector<uint64_t>& resident,
+                           uint64_t capacity) {
+  if (capacity == 0) return seq.size();
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  // next[i]: the position of the next request of seq[i] after i, or kNever.
+  std::vector<uint64_t> next(seq.size(), kNever);
+  std::unordered_map<uint64_t, uint64_t> first;  // key -> its first request (scan from the end)
+  for (size_t i = seq.size(); i-- > 0;) {
+    auto it = first.find(seq[i]);
+    if (it != first.end()) {
+      next[i] = it->second;
+      it->second = i;
+    } else {
+      first.emplace(seq[i], i);
+    }
+  }
+  // Held keys ordered by their next request; `when` maps a held key to it.
+  std::set<std::pair<uint64_t, uint64_t>> held;
+  std::unordered_map<uint64_t, uint64_t> when;
+  for (uint64_t k : resident) {
+    if (when.size() >= capacity) break;
+    if (when.count(k)) continue;
+    auto it = first.find(k);
+    const uint64_t w = it == first.end() ? kNever : it->second;
+    when.emplace(k, w);
+    held.emplace(w, k);
+  }
+  uint64_t loads = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    const uint64_t k = seq[i];
+    auto it = when.find(k);
+    if (it != when.end()) {
+      held.erase({it->second, k});
+      it->second = next[i];
+      held.emplace(next[i], k);
+      continue;
+    }
+    ++loads;
+    if (when.size() >= capacity) {
+      auto victim = std::prev(held.end());
+      when.erase(victim->second);
+      held.erase(victim);
+    }
+    when.emplace(k, next[i]);
+    held.emplace(next[i], k);
+  }
+  return loads;
+}
+
+struct RawRead {
+  double best_bytes_per_s = 0;    // the best pass (the bound uses this)
+  double median_bytes_per_s = 0;  // the median pass (how noisy the machine was)
+  uint64_t bytes_per_pass = 0;
+  uint32_t files = 0;
+  uint32_t threads = 0;
+  int passes = 0;
+  bool direct = false;  // false: the file system refused O_DIRECT, read through the page cache
+  std::string error;    // not empty: nothing measured, and why
+};
+
+// Reads `paths` (at most `max_bytes` of them per pass, in the order given) in
+// chunks of `chunk` bytes, rounded up to 4 KiB, on `threads` threads: at least
+// `passes` passes, and more until `min_seconds` have passed (at most
+// kMaxRawPasses), so a small store is read often enough for its best pass to
+// be a quiet one. The files are opened before timing; each pass takes its
+// chunks from one shared counter, so the threads keep as many reads in flight
+// as the store's I/O threads would.
+constexpr int kMaxRawPasses = 1000;
+inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chunk, uint32_t threads, int passes,
+                             uint64_t max_bytes, double min_seconds = 0) {
+  RawRead out;
+  out.threads = threads = std::max<uint32_t>(threads, 1);
+  chunk = (std::max<uint64_t>(chunk, 1) + 4095) & ~uint64_t{4095};
+  struct Piece {
+    int fd;
+    uint64_t off;
+  };
+  std::vector<int> fds;
+  std::vector<Piece> pieces;
+  auto close_all = [&] {
+    for (int fd : fds) close(fd);
+    fds.clear();
+  };
+  out.direct = true;
+  for (const std::string& p : paths) {
+    if (out.bytes_per_pass >= max_bytes) break;
+    int fd = out.direct ? open(p.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
+    if (fd < 0 && out.direct && errno == EINVAL) out.direct = false;  // this file system takes no O_DIRECT
+    if (fd < 0 && !out.direct) fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      out.error = "open " + p + ": " + std::strerror(errno);
+      close_all();
+      return out;
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      continue;
+    }
+    fds.push_back(fd);
+    ++out.files;
+    for (uint64_t off = 0; off < static_cast<uint64_t>(st.st_size) && out.bytes_per_pass < max_bytes; off += chunk) {
+      pieces.push_back({fd, off});
+      out.bytes_per_pass += std::min<uint64_t>(chunk, static_cast<uint64_t>(st.st_size) - off);
+    }
+  }
+  if (pieces.empty()) {
+    out.error = "no store files to read";
+    close_all();
+    return out;
+  }
+  std::vector<void*> bufs(threads, nullptr);
+  for (auto& b : bufs)
+    if (posix_memalign(&b, 4096, chunk) != 0) b = nullptr;
+  if (std::any_of(bufs.begin(), bufs.end(), [](void* b) { return b == nullptr; })) {
+    for (void* b : bufs) std::free(b);
+    close_all();
+    out.error = "out of memory for the read buffers";
+    return out;
+  }
+  // A direct read the file system still refuses (alignment) is redone through
+  // the page cache for the rest of the run, as the store does, and reported.
+  std::atomic<bool> direct_refused{false};
+  std::atomic<int> read_error{0};
+  std::atomic<size_t> cursor{0};
+  std::atomic<uint64_t> got{0};
+  std::atomic<bool> more{true};
+  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
+  auto worker = [&](uint32_t t) {
+    for (;;) {
+      sync.arrive_and_wait();
+      if (!more.load()) return;
+      for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < pieces.size();) {
+        ssize_t n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
+        if (n < 0 && errno == EINVAL) {
+          direct_refused.store(true);
+          const int fl = fcntl(pieces[i].fd, F_GETFL);
+          if (fl >= 0) (void)fcntl(pieces[i].fd, F_SETFL, fl & ~O_DIRECT);
+          n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
+        }
+        if (n < 0) read_error.store(errno);
+        else got.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      }
+      sync.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
+  std::vector<double> rates;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
+    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (pass >= passes && so_far >= min_seconds) break;
+    cursor.store(0);
+    got.store(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    sync.arrive_and_wait();  // start
+    sync.arrive_and_wait();  // every thread done
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) rates.push_back(double(got.load()) / s);
+    if (read_error.load() != 0) break;
+  }
+  more.store(false);
+  sync.arrive_and_wait();  // the workers see `more` and return
+  for (auto& t : ts) t.join();
+  for (void* b : bufs) std::free(b);
+  close_all();
+  if (direct_refused.load()) out.direct = false;
+  if (read_error.load() != 0) {
+    out.error = std::string("read: ") + std::strerror(read_error.load());
+    return out;
+  }
+  if (rates.empty()) {
+    out.error = "no pass timed";
+    return out;
+  }
+  out.passes = static_cast<int>(rates.size());
+  std::sort(rates.begin(), rates.end());
+  out.best_bytes_per_s = rates.back();
+  out.median_bytes_per_s = rates[rates.size() / 2];
+  return out;
+}
+
+}  // namespace ucm_demo
