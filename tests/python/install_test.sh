@@ -10,7 +10,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob
 dest=$build/python-install-test
 rm -rf "$dest"
 trap 'rm -rf "$dest"' EXIT
-"$meson" install -C "$build" --destdir "$dest" --quiet >/dev/null
+# Only the library and the package (tags), from what is built: no rebuild inside a test.
+"$meson" install -C "$build" --no-rebuild --tags runtime,python-runtime --destdir "$dest" --quiet >/dev/null
 init=$(find "$dest" -path '*/ucmcache/__init__.py' -print)
 [[ -n "$init" ]] || { echo "FAIL: no ucmcache/__init__.py under $dest"; exit 1; }
 [[ $(wc -l <<<"$init") -eq 1 ]] || { echo "FAIL: more than one ucmcache package installed: $init"; exit 1; }
@@ -33,7 +34,7 @@ fi
 libdir=$(dirname "$(find "$dest" -name 'libucmcache.so.0' -print)")
 store=$(mktemp -d)
 trap 'rm -rf "$dest" "$store"' EXIT
-out=$(cd / && env -u PYTHONPATH PYTHONPATH="$dest$site" LD_LIBRARY_PATH="$dest$libdir" PYTHONDONTWRITEBYTECODE=1 \
+out=$(cd / && env -u PYTHONPATH PYTHONPATH="$dest$site" LD_LIBRARY_PATH="$libdir" PYTHONDONTWRITEBYTECODE=1 \
       "$py" - "$store" <<'PY'
 import sys
 import numpy as np
