@@ -185,6 +185,38 @@ bool c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>&
   return true;
 }
 
+// __cuda_array_interface__ (v3): data (ptr, read-only), shape, typestr,
+// strides (None: C order), stream (the consumer synchronizes on it).
+Region acquire_cai(py::handle obj, bool writable, const std::string& what, Holder* h) {
+  PyObject* o = obj.ptr();
+  py::dict cai = obj.attr("__cuda_array_interface__");
+  py::tuple data = cai["data"];
+  const uintptr_t p = data[0].cast<uintptr_t>();
+  const bool ro = data[1].cast<bool>();
+  if (writable && ro)
+    raise_invalid(what + " (" + type_name(obj) + ") is read-only (__cuda_array_interface__): a destination must be writable",
+                  "ReadOnlyBufferError");
+  const uint64_t item = typestr_bytes(cai["typestr"].cast<std::string>(), what);
+  std::vector<int64_t> shape;
+  for (auto d : py::tuple(cai["shape"])) shape.push_back(d.cast<int64_t>());
+  int64_t n = static_cast<int64_t>(item);
+  for (int64_t d : shape) n *= d;
+  if (cai.contains("strides") && !cai["strides"].is_none()) {
+    std::vector<int64_t> st;
+    for (auto d : py::tuple(cai["strides"])) st.push_back(d.cast<int64_t>());
+    if (!c_contiguous(shape, st, static_cast<int64_t>(item)))
+      raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
+  }
+  if (cai.contains("stream") && !cai["stream"].is_none()) {
+    // The producer's work on the buffer must be done before the library's
+    // own stream touches it (CAI v3: the consumer synchronizes).
+    sync_cuda_stream(cai["stream"].cast<uintptr_t>(), what);
+  }
+  h->set_ref(o);
+  if (p == 0 && n > 0) raise_class("InvalidArgumentError", UCM_ERR_NULL_POINTER, what + ": a NULL device pointer");
+  return Region{p, static_cast<uint64_t>(n)};
+}
+
 // The memory of one buffer object: buffer protocol, (ptr, nbytes),
 // __cuda_array_interface__, or __dlpack__. `writable`: it is a destination.
 Region acquire(py::handle obj, bool writable, const std::string& what, Holder* h) {
@@ -213,32 +245,15 @@ Region acquire(py::handle obj, bool writable, const std::string& what, Holder* h
     return Region{p, static_cast<uint64_t>(n)};
   }
   if (py::hasattr(obj, "__cuda_array_interface__")) {
-    py::dict cai = obj.attr("__cuda_array_interface__");
-    py::tuple data = cai["data"];
-    const uintptr_t p = data[0].cast<uintptr_t>();
-    const bool ro = data[1].cast<bool>();
-    if (writable && ro)
-      raise_invalid(what + " (" + type_name(obj) + ") is read-only (__cuda_array_interface__): a destination must be writable",
-                    "ReadOnlyBufferError");
-    const uint64_t item = typestr_bytes(cai["typestr"].cast<std::string>(), what);
-    std::vector<int64_t> shape;
-    for (auto d : py::tuple(cai["shape"])) shape.push_back(d.cast<int64_t>());
-    int64_t n = static_cast<int64_t>(item);
-    for (int64_t d : shape) n *= d;
-    if (cai.contains("strides") && !cai["strides"].is_none()) {
-      std::vector<int64_t> st;
-      for (auto d : py::tuple(cai["strides"])) st.push_back(d.cast<int64_t>());
-      if (!c_contiguous(shape, st, static_cast<int64_t>(item)))
-        raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
+    try {
+      return acquire_cai(obj, writable, what, h);
+    } catch (py::cast_error&) {
+      raise_invalid(what + ": its __cuda_array_interface__ is malformed (data, shape, typestr, strides, stream)");
+    } catch (py::error_already_set& e) {
+      if (e.matches(PyExc_KeyError) || e.matches(PyExc_TypeError) || e.matches(PyExc_ValueError))
+        raise_invalid(what + ": its __cuda_array_interface__ is malformed: " + std::string(py::str(e.value())));
+      throw;
     }
-    if (cai.contains("stream") && !cai["stream"].is_none()) {
-      // The producer's work on the buffer must be done before the library's
-      // own stream touches it (CAI v3: the consumer synchronizes).
-      sync_cuda_stream(cai["stream"].cast<uintptr_t>(), what);
-    }
-    h->set_ref(o);
-    if (p == 0 && n > 0) raise_class("InvalidArgumentError", UCM_ERR_NULL_POINTER, what + ": a NULL device pointer");
-    return Region{p, static_cast<uint64_t>(n)};
   }
   if (py::hasattr(obj, "__dlpack__")) {
     int32_t dev_type = kDLCPU;
@@ -626,7 +641,14 @@ class TaskImpl;
 class CacheImpl : public std::enable_shared_from_this<CacheImpl> {
  public:
   explicit CacheImpl(ucm_cache_t h, const ucm_config_t& c) : h_(h), shard_bytes_(c.shard_bytes) {}
-  ~CacheImpl() = default;  // an unclosed cache is left to the process's exit (finalize is collective)
+  // An unclosed cache is left to the process's exit (finalize is collective;
+  // the Python layer keeps every open cache alive until close or exit). The
+  // waiter thread holds a reference while it runs: the last one may be its own.
+  ~CacheImpl() {
+    if (!waiter_.joinable()) return;
+    if (waiter_.get_id() == std::this_thread::get_id()) waiter_.detach();
+    else waiter_.join();
+  }
 
   ucm_cache_t handle() const { return h_; }
   uint64_t shard_bytes() const { return shard_bytes_; }
@@ -864,7 +886,7 @@ void CacheImpl::watch(std::shared_ptr<TaskImpl> t, py::function cb) {
       (void)t->fetch(0);
     } else {
       watched_.emplace_back(std::move(t), std::move(cb));
-      if (!waiter_.joinable()) waiter_ = std::thread([this] { waiter_main(); });
+      if (!waiter_.joinable()) waiter_ = std::thread([self = shared_from_this()] { self->waiter_main(); });
       waiter_cv_.notify_one();
       return;
     }

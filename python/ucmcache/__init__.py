@@ -19,7 +19,6 @@ import asyncio
 import atexit
 import dataclasses
 import threading
-import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -194,7 +193,10 @@ def _settle(fut):
         fut.set_result(None)
 
 
-_open_caches = weakref.WeakSet()
+# Every open cache, held (not weakly): one that a program drops without close
+# stays up until exit, where it is closed collectively, rather than being
+# freed under its threads or finalized on one rank only.
+_open_caches = set()
 _open_lock = threading.Lock()
 
 

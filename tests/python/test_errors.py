@@ -45,6 +45,14 @@ def test_not_a_buffer_and_not_contiguous(comm, cache):
         cache.load(keys, [1.5, np.zeros(SHARD, np.uint8)])
     with pytest.raises(ucmcache.InvalidArgumentError, match="NULL"):
         cache.load(keys[:1], [(0, SHARD)])
+    with pytest.raises(ucmcache.BufferTypeError, match="dsts is a NoneType"):
+        cache.load(keys, None)
+
+    class Malformed:
+        __cuda_array_interface__ = {"shape": (SHARD,), "typestr": "|u1"}  # no "data"
+
+    with pytest.raises(ucmcache.InvalidArgumentError, match="malformed"):
+        cache.load(keys[:1], [Malformed()])
     strided = np.zeros((2, SHARD * 2), np.uint8)[:, ::2]
     with pytest.raises(ucmcache.BufferLayoutError, match="not C-contiguous"):
         cache.load(keys, strided)
