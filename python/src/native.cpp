@@ -250,6 +250,7 @@ Region acquire(py::handle obj, bool writable, const std::string& what, Holder* h
     } catch (py::cast_error&) {
       raise_invalid(what + ": its __cuda_array_interface__ is malformed (data, shape, typestr, strides, stream)");
     } catch (py::error_already_set& e) {
+      if (error_classes().contains("UcmError") && e.matches(error_classes()["UcmError"])) throw;  // ours
       if (e.matches(PyExc_KeyError) || e.matches(PyExc_TypeError) || e.matches(PyExc_ValueError))
         raise_invalid(what + ": its __cuda_array_interface__ is malformed: " + std::string(py::str(e.value())));
       throw;
