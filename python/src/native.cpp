@@ -155,6 +155,15 @@ struct Region {
   uint64_t bytes = 0;
 };
 
+// Names a buffer in messages ("dsts[3]"), built only when a message is.
+struct What {
+  const char* name;
+  long index;  // < 0: the one buffer `name`
+  std::string str() const { return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]"; }
+  operator std::string() const { return str(); }
+};
+std::string operator+(const What& w, const char* s) { return w.str() + s; }
+
 void sync_cuda_stream(uintptr_t stream, const std::string& what) {
 #if UCM_PY_HAVE_CUDA
   cudaError_t e;
@@ -187,7 +196,7 @@ bool c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>&
 
 // __cuda_array_interface__ (v3): data (ptr, read-only), shape, typestr,
 // strides (None: C order), stream (the consumer synchronizes on it).
-Region acquire_cai(py::handle obj, bool writable, const std::string& what, Holder* h) {
+Region acquire_cai(py::handle obj, bool writable, const What& what, Holder* h) {
   PyObject* o = obj.ptr();
   py::dict cai = obj.attr("__cuda_array_interface__");
   py::tuple data = cai["data"];
@@ -219,13 +228,19 @@ Region acquire_cai(py::handle obj, bool writable, const std::string& what, Holde
 
 // The memory of one buffer object: buffer protocol, (ptr, nbytes),
 // __cuda_array_interface__, or __dlpack__. `writable`: it is a destination.
-Region acquire(py::handle obj, bool writable, const std::string& what, Holder* h) {
+Region acquire(py::handle obj, bool writable, const What& what, Holder* h) {
   PyObject* o = obj.ptr();
   if (PyObject_CheckBuffer(o)) {
     Py_buffer v;
-    if (PyObject_GetBuffer(o, &v, PyBUF_FULL_RO) != 0) {
-      py::error_already_set e;
-      raise_invalid(what + ": its buffer cannot be read: " + std::string(py::str(e.value())));
+    // PyBUF_SIMPLE: the cheapest request (no shape, strides or format), and
+    // the exporter refuses it unless the memory is contiguous. On a refusal,
+    // ask again in full to say why.
+    if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      if (PyObject_GetBuffer(o, &v, PyBUF_FULL_RO) != 0) {
+        py::error_already_set e;
+        raise_invalid(what + ": its buffer cannot be read: " + std::string(py::str(e.value())));
+      }
     }
     h->set_view(v);  // released by h from here on
     if (writable && v.readonly)
@@ -1007,7 +1022,7 @@ struct PyCache {
       hs.resize(n);
       for (size_t i = 0; i < n; ++i) {
         PyObject* item = PySequence_Fast_GET_ITEM(bufs.ptr(), static_cast<Py_ssize_t>(i));
-        const std::string what = std::string(name) + "[" + std::to_string(i) + "]";
+        const What what{name, static_cast<long>(i)};
         const Region rg = acquire(item, writable, what, &hs[i]);
         if (rg.bytes != sb)
           raise_invalid(what + " is " + std::to_string(rg.bytes) + " bytes; shard_bytes is " + std::to_string(sb),
@@ -1017,7 +1032,7 @@ struct PyCache {
       return hs;
     }
     hs.resize(1);
-    const Region rg = acquire(bufs, writable, name, &hs[0]);
+    const Region rg = acquire(bufs, writable, What{name, -1}, &hs[0]);
     if (rg.bytes != sb * n)
       raise_invalid(std::string(name) + " is one buffer of " + std::to_string(rg.bytes) + " bytes for " +
                         std::to_string(n) + " keys; it must be " + std::to_string(n) + " x shard_bytes " +
