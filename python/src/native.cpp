@@ -375,26 +375,36 @@ std::vector<ucm_key_t> parse_keys(py::handle keys) {
     py::object b = k[py::int_(0)], s = k[py::int_(1)];
     char* bp = nullptr;
     Py_ssize_t bn = 0;
+    Py_buffer bv{};
+    bool has_bv = false;
     if (PyBytes_Check(b.ptr())) {
       PyBytes_AsStringAndSize(b.ptr(), &bp, &bn);
     } else if (PyByteArray_Check(b.ptr())) {
       bp = PyByteArray_AS_STRING(b.ptr()), bn = PyByteArray_GET_SIZE(b.ptr());
+    } else if (!PyUnicode_Check(b.ptr()) && PyObject_CheckBuffer(b.ptr()) &&
+               PyObject_GetBuffer(b.ptr(), &bv, PyBUF_SIMPLE) == 0) {  // memoryview, a uint8 array of 16
+      has_bv = true, bp = static_cast<char*>(bv.buf), bn = bv.len;
     } else {
+      PyErr_Clear();
       raise_invalid("keys[" + std::to_string(i) + "]: the block is a " + type_name(b) + ", not bytes of 16",
                     "KeyTypeError");
     }
+    if (bn == 16) std::memcpy(out[i].block.bytes, bp, 16);
+    if (has_bv) PyBuffer_Release(&bv);
     if (bn != 16)
       raise_invalid("keys[" + std::to_string(i) + "]: the block is " + std::to_string(bn) + " bytes, not 16",
                     "KeyTypeError");
-    if (!PyLong_Check(s.ptr()) || PyBool_Check(s.ptr()))
+    // An int, or anything with __index__ (a numpy integer); not a bool or a float.
+    if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr()))
       raise_invalid("keys[" + std::to_string(i) + "]: the shard is a " + type_name(s) + ", not an int", "KeyTypeError");
-    const long long sv = PyLong_AsLongLong(s.ptr());
+    py::object si = py::reinterpret_steal<py::object>(PyNumber_Index(s.ptr()));
+    if (!si) throw py::error_already_set();
+    const long long sv = PyLong_AsLongLong(si.ptr());
     if (PyErr_Occurred() || sv < 0 || sv > UINT32_MAX) {
       PyErr_Clear();
       raise_class("InvalidArgumentError", UCM_ERR_OUT_OF_RANGE,
                   "keys[" + std::to_string(i) + "]: shard " + std::string(py::str(s)) + " is not in [0, 2^32)");
     }
-    std::memcpy(out[i].block.bytes, bp, 16);
     out[i].shard = static_cast<uint32_t>(sv);
     out[i].reserved = 0;
   }

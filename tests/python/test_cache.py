@@ -119,6 +119,11 @@ def test_structured_keys_go_straight_to_c(comm, cache):
     out[:] = 0
     cache.load(pairs, out).wait()
     assert np.array_equal(out, src)
+    # Blocks as any 16-byte buffer, shards as numpy integers.
+    loose = [(memoryview(b.copy()), s) for b, s in zip(keys["block"], keys["shard"])]
+    out[:] = 0
+    cache.load(loose, out).wait()
+    assert np.array_equal(out, src)
 
 
 class DLPackOnly:

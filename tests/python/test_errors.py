@@ -67,6 +67,9 @@ def test_not_a_buffer_and_not_contiguous(comm, cache):
     ([(b"0123456789abcdef", "1")], "the shard is a str"),
     ([(b"0123456789abcdef", 1.0)], "the shard is a float"),
     (np.zeros(1, np.uint64), "keys need ucmcache.KEY_DTYPE"),
+    ([(b"0123456789abcdef", True)], "the shard is a bool"),
+    ([(np.zeros(8, np.uint8), 0)], "8 bytes, not 16"),
+    ({"a": 1}, "keys is a dict"),
 ])
 def test_wrong_key_type(cache, keys, says):
     with pytest.raises(ucmcache.KeyTypeError, match=says) as e:
