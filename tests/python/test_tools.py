@@ -104,3 +104,11 @@ def test_torch_tensors(comm, cache):
     f16 = torch.zeros(SHARD // 2, dtype=torch.float16)
     cache.load(keys[:1], [f16]).wait()
     assert np.array_equal(f16.numpy().view(np.uint8), pattern(keys[0]))
+
+
+def test_example_runs_with_torch(rank0):
+    torch_or_skip()
+    ex = os.path.join(SOURCE_ROOT, "examples", "python", "kv_offload.py")
+    r = mpirun(2, [sys.executable, ex, "--small", "--torch"])
+    assert r.returncode == 0, r.stdout
+    assert "(torch)" in r.stdout and "came back byte for byte" in r.stdout
