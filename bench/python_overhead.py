@@ -29,7 +29,7 @@ import ucmcache
 
 
 def run(shard, batch, reps, rounds, store):
-    cfg = dict(shard_bytes=shard, shards_per_block=64, cache_bytes=max(64 << 20, 4 * batch * shard),
+    cfg = dict(shard_bytes=shard, shards_per_block=64, cache_bytes=max(64 << 20, 2 * batch * shard),
                reserved_slots=64, copy_engine="host", backend="posix:" + store)
     with ucmcache.Cache(MPI.COMM_SELF, **cfg) as cache:
         keys = ucmcache.make_keys([ucmcache.block_id(1 + i // 64) for i in range(batch)], np.arange(batch) % 64)
