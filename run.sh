@@ -5,7 +5,8 @@
 #                   with 4 ranks on the embedded default store (extra arguments
 #                   go to ucm_demo)
 #   ./run.sh test   install packages, then four builds and their tests:
-#                   build-ci (--werror, every suite), build-core (--werror,
+#                   build-ci (--werror, every suite, the Python package's
+#                   suite `python` included), build-core (--werror,
 #                   without MPI, hwloc or CUDA: suites unit and mp), build-tsan
 #                   (ThreadSanitizer, with MPI: suites unit, mp and mpi),
 #                   build-asan (AddressSanitizer + UBSan: suites unit, mp, mpi)
@@ -21,7 +22,8 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 PACKAGES=(openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
-          libgtest-dev libgmock-dev libbenchmark-dev g++ cmake scdoc)
+          libgtest-dev libgmock-dev libbenchmark-dev g++ cmake scdoc
+          python3-dev pybind11-dev python3-mpi4py python3-numpy python3-pytest)
 PREFIX=${UCM_BUILD_PREFIX:-build}
 JOBS=${UCM_JOBS:-$(nproc)}
 

@@ -48,6 +48,7 @@ class Ucmcache(MesonPackage):
         args = [
             "-Dmpi=enabled",
             "-Dman=enabled",
+            "-Dpython=disabled",  # the Python package is for Debian's interpreter (README)
             feature("cuda"),
             feature("hwloc"),
             feature("nccl"),
