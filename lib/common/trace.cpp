@@ -1,5 +1,7 @@
 #include "common/trace.h"
 
+#include <cstddef>
+
 #if UCM_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>
 #endif

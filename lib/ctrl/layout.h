@@ -223,7 +223,7 @@ struct RankCounters {
 };
 static_assert(sizeof(RankCounters) == 8 * (22 + kLatencyBuckets));
 
-// One per local rank, a page each. Line 0 is the identity; the counters follow.
+// One per local rank, 4 KiB each. Line 0 is the identity; the counters follow.
 struct alignas(64) RankRecord {
   std::atomic<uint32_t> state;        // rank r (join/leave), recovery (reap): RankState
   std::atomic<int32_t> pid;           // rank r, before state = kAlive
