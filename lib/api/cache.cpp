@@ -30,7 +30,7 @@ void keep_for_stuck_threads(std::unique_ptr<Backend> b) {
   kept->push_back(std::move(b));
 }
 
-// "node 0 of 2 on host: 4 local ranks (world ranks 0,1,2,3), split by ...":
+// "node 0 of 2 on host: 4 local rank(s) (ranks 0,1,2,3 of 8), split by ...":
 // for UCM_LOG=info. MPI_Group_translate_ranks is local: no collective.
 std::string describe_node_split(const NodeContext& n, uint32_t ranks_per_node) {
   std::string ranks;

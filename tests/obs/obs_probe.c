@@ -147,15 +147,24 @@ int main(int argc, char** argv) {
   ok &= check(buf != NULL, rank, "malloc");
   ok &= call(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), NULL, rank, "ucm_cache_init");
   if (cache) {
-    ucm_stats_t st;
+    ucm_stats_t st, node;
+    ucm_cache_info_t info;
     MPI_Barrier(MPI_COMM_WORLD); /* the ranks' tasks overlap */
     ok &= run_tasks(cache, rank, buf);
+    MPI_Barrier(MPI_COMM_WORLD); /* every rank's tasks are done: the node's stats hold them all */
     memset(&st, 0, sizeof(st));
-    st.struct_bytes = sizeof(st);
-    ok &= check(ucm_cache_stats(cache, &st, NULL) == UCM_OK && st.tasks == 2, rank, "stats: 2 tasks");
+    memset(&node, 0, sizeof(node));
+    memset(&info, 0, sizeof(info));
+    st.struct_bytes = node.struct_bytes = sizeof(st);
+    info.struct_bytes = sizeof(info);
+    ok &= call(ucm_cache_info(cache, &info), cache, rank, "ucm_cache_info");
+    ok &= call(ucm_cache_stats(cache, &st, &node), cache, rank, "ucm_cache_stats");
+    ok &= check(st.tasks == 2 && node.tasks == 2 * (uint64_t)info.local_size, rank, "stats: 2 tasks per rank");
     /* The hung load cannot finish before hang_ms: the slowest task took at least that. */
     ok &= check(st.latency_max_us >= (uint64_t)hang_ms * 1000 && st.latency_p50_us <= st.latency_max_us, rank,
                 "stats: latency_max_us below the hung load's hang_ms");
+    ok &= check(node.latency_max_us >= st.latency_max_us && node.latency_p99_us <= node.latency_max_us, rank,
+                "stats: the node's latency maximum is below this rank's");
     ok &= call(ucm_cache_finalize(&cache), NULL, rank, "ucm_cache_finalize");
   }
 #ifndef OBS_NO_NVTX
