@@ -20,7 +20,7 @@ constexpr uint32_t kColors[] = {0xff4e79a7, 0xff4e79a7, 0xfff28e2b, 0xff76b7b2, 
 static_assert(sizeof(kColors) / sizeof(kColors[0]) == static_cast<size_t>(TraceRange::kCount));
 
 // Made on first use (thread-safe static). Without a tool NVTX gives a null
-// domain, and every range after that is a load and a branch.
+// domain, and every range after that is an inline load and a branch (trace.h).
 struct Domain {
   nvtxDomainHandle_t handle = nullptr;
   nvtxEventAttributes_t attrs[static_cast<size_t>(TraceRange::kCount)] = {};
@@ -29,6 +29,9 @@ struct Domain {
 Domain make_domain() {
   Domain d;
   d.handle = nvtxDomainCreateA("ucmcache");
+  // A push and its pop agree: both see 0 and go through domain(), or both see
+  // the final value (it is stored once the domain exists, and never changes).
+  g_trace_tool.store(d.handle ? 2 : 1, std::memory_order_relaxed);
   if (!d.handle) return d;
   for (size_t i = 0; i < static_cast<size_t>(TraceRange::kCount); ++i) {
     nvtxEventAttributes_t& a = d.attrs[i];
@@ -50,18 +53,22 @@ const Domain& domain() {
 
 }  // namespace
 
+#if UCM_HAVE_NVTX
+std::atomic<uint8_t> g_trace_tool{0};
+#endif
+
 const char* trace_range_name(TraceRange r) {
   const auto i = static_cast<size_t>(r);
   return i < static_cast<size_t>(TraceRange::kCount) ? kNames[i] : "?";
 }
 
 #if UCM_HAVE_NVTX
-void trace_push(TraceRange r) {
+void trace_push_slow(TraceRange r) {
   const Domain& d = domain();
   if (d.handle) nvtxDomainRangePushEx(d.handle, &d.attrs[static_cast<size_t>(r)]);
 }
 
-void trace_pop() {
+void trace_pop_slow() {
   const Domain& d = domain();
   if (d.handle) nvtxDomainRangePop(d.handle);
 }

@@ -4,9 +4,9 @@
 // closes at the end of the enclosing scope (a push and a pop on the calling
 // thread). Built with NVTX (meson option `nvtx`, on when nvtx3/ is found),
 // each range is two calls into NVTX 3 (header-only, no library); with no
-// tool attached (nsys, or a library named by NVTX_INJECTION64_PATH) the
-// domain is null and a range costs a load and a branch. Built without, the
-// macro compiles to nothing.
+// tool attached (nsys, or a library named by NVTX_INJECTION64_PATH), known
+// from the first range on, a range is an inline relaxed load and a branch at
+// each end. Built without, the macro compiles to nothing.
 //
 // Where each range is (docs/design.md, "Observability"): init and finalize
 // (ucm_cache_init/_finalize), submit (ucm_load/ucm_dump), touch (ucm_touch)
@@ -16,6 +16,7 @@
 // threads; backend load and backend dump on the store's I/O threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "ucm_build_config.h"
@@ -43,8 +44,17 @@ const char* trace_range_name(TraceRange r);
 constexpr bool trace_built() { return UCM_HAVE_NVTX != 0; }
 
 #if UCM_HAVE_NVTX
-void trace_push(TraceRange r);
-void trace_pop();
+// 0: not known yet, 1: no tool attached, 2: a tool. Set once, by the first
+// range (which makes the domain); it never changes after.
+extern std::atomic<uint8_t> g_trace_tool;
+void trace_push_slow(TraceRange r);
+void trace_pop_slow();
+inline void trace_push(TraceRange r) {
+  if (g_trace_tool.load(std::memory_order_relaxed) != 1) trace_push_slow(r);
+}
+inline void trace_pop() {
+  if (g_trace_tool.load(std::memory_order_relaxed) != 1) trace_pop_slow();
+}
 
 class TraceScope {
  public:
