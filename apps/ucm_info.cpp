@@ -48,7 +48,7 @@ struct Options {
 void usage(FILE* to) {
   std::fprintf(to,
                "usage: ucm_info [-v] [-c] [-f] [-d] [-b] [--parsable] [-h]\n"
-               "  -v, --version    version and build options (MPI, hwloc, CUDA, NCCL, compiler)\n"
+               "  -v, --version    version and build options (MPI, hwloc, CUDA, NCCL, NVTX, compiler)\n"
                "  -c, --config     every tunable: current value, default and source (default, environment)\n"
                "  -f, --full       as -c, with each tunable's help text\n"
                "  -d, --devices    this node: CPUs, NUMA nodes, GPUs and their nearest cores, hugepages,\n"
@@ -77,6 +77,7 @@ void print_version(const Options& o) {
     std::printf("build:hwloc:%s\nbuild:hwloc_version:%s\n", yes(UCM_HAVE_HWLOC), UCM_BUILD_HWLOC_VERSION);
     std::printf("build:cuda:%s\nbuild:cuda_version:%s\n", yes(UCM_HAVE_CUDA), UCM_BUILD_CUDA_VERSION);
     std::printf("build:nccl:%s\nbuild:nccl_found:%s\n", yes(nccl_built), yes(UCM_HAVE_NCCL));
+    std::printf("build:nvtx:%s\n", yes(UCM_HAVE_NVTX));
     std::printf("build:compiler:%s\nbuild:buildtype:%s\nbuild:prefix:%s\n", UCM_BUILD_COMPILER, UCM_BUILD_TYPE,
                 UCM_BUILD_PREFIX);
     return;
@@ -88,6 +89,7 @@ void print_version(const Options& o) {
   std::printf("  cuda:      %s\n", with(UCM_HAVE_CUDA, UCM_BUILD_CUDA_VERSION).c_str());
   std::printf("  nccl:      %s%s\n", yes(nccl_built),
               !nccl_built && UCM_HAVE_NCCL ? " (found at configure time; the library does not call it)" : "");
+  std::printf("  nvtx:      %s\n", UCM_HAVE_NVTX ? "yes (ranges in the ucmcache domain, for Nsight Systems)" : "no");
   std::printf("  compiler:  %s\n  buildtype: %s\n  prefix:    %s\n", UCM_BUILD_COMPILER, UCM_BUILD_TYPE,
               UCM_BUILD_PREFIX);
 }

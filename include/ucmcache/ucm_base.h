@@ -286,7 +286,8 @@ typedef struct ucm_stats {
   uint64_t failed_shards;
   uint64_t bytes_from_backend, bytes_to_device;
   uint64_t dumps, bytes_dumped;
-  uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us; /* task latency, upper bounds */
+  /* task latency, submit to completion, in us: p50/p90/p99 within 1/32 of the exact value, max exact */
+  uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us;
   uint64_t direct_fallbacks;  /* backend transfers the file system refused as direct I/O,
                                  redone buffered (the store then stays buffered) */
 } ucm_stats_t;

@@ -11,6 +11,7 @@
 #include "api/config.h"
 #include "api/handles.h"
 #include "boot/fd_exchange.h"
+#include "common/latency_histogram.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "ctrl/departure.h"
@@ -27,6 +28,28 @@ void keep_for_stuck_threads(std::unique_ptr<Backend> b) {
   static auto* kept = new std::vector<std::unique_ptr<Backend>>();
   std::lock_guard<std::mutex> g(mu);
   kept->push_back(std::move(b));
+}
+
+// "node 0 of 2 on host: 4 local rank(s) (ranks 0,1,2,3 of 8), split by ...":
+// for UCM_LOG=info. MPI_Group_translate_ranks is local: no collective.
+std::string describe_node_split(const NodeContext& n, uint32_t ranks_per_node) {
+  std::string ranks;
+  MPI_Group world = MPI_GROUP_NULL, node = MPI_GROUP_NULL;
+  if (MPI_Comm_group(n.comm, &world) == MPI_SUCCESS && MPI_Comm_group(n.node, &node) == MPI_SUCCESS) {
+    std::vector<int> local(static_cast<size_t>(n.local_size)), in_world(local.size());
+    for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<int>(i);
+    if (MPI_Group_translate_ranks(node, n.local_size, local.data(), world, in_world.data()) == MPI_SUCCESS)
+      for (size_t i = 0; i < in_world.size(); ++i) ranks += (i ? "," : "") + std::to_string(in_world[i]);
+  }
+  if (node != MPI_GROUP_NULL) MPI_Group_free(&node);
+  if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "node %d of %d on %s: %d local rank(s) (ranks %s of %d), split by %s", n.node_id,
+                n.node_count, n.host.c_str(), n.local_size, ranks.c_str(), n.size,
+                ranks_per_node > 0 ? "shared memory, then ranks_per_node" : "shared memory (MPI_COMM_TYPE_SHARED)");
+  std::string out = buf;
+  if (ranks_per_node > 0) out += "=" + std::to_string(ranks_per_node) + " (pretend nodes)";
+  return out;
 }
 
 }  // namespace
@@ -60,6 +83,13 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
                                     : fail(arg_error, "%s", arg_message.c_str());
   UCM_CHECK(collective_status(node_.comm, mine));
   UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, config_)));
+  // The bootstrap's decisions at UCM_LOG=info: once per node (local rank 0),
+  // except the device and placement line at the end, one per rank.
+  if (node_.local_rank == 0) {
+    if (log_enabled(LogLevel::kInfo, Subsys::kBoot))
+      UCM_INFO(kBoot, "node split: %s", describe_node_split(node_, config_.ranks_per_node).c_str());
+    UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
+  }
 
   // 3. The device and what it needs of the layout.
   device_status_ = device_status();
@@ -93,11 +123,10 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
   UCM_CHECK(collective_status(node_.comm, r));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
-  if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
-  UCM_INFO(kBoot, "local rank %d of %d on %s (node %d of %d): device %d (%s), %s, %s", node_.local_rank,
-           node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, device_id_,
-           engine_ ? engine_->name() : "scheduler", data_.hugetlb() ? "hugetlb" : "no hugetlb",
-           placement_.summary.c_str());
+  UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s",
+           node_.local_rank, node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, node_.rank,
+           node_.size, device_id_, engine_ ? (std::string(engine_->name()) + " engine").c_str() : "scheduler",
+           device_choice_.c_str(), placement_.summary.c_str());
   return Result::kOk;
 }
 
@@ -112,8 +141,8 @@ Result Cache::open_rank() {
     registered_ = std::move(reg.registered);
     register_seconds_ = reg.seconds;
     register_threads_ = reg.threads;
-    UCM_INFO(kDevice, "registered %zu segments with the %s engine in %.3f s on %u threads", registered_.size(),
-             engine_->name(), reg.seconds, reg.threads);
+    UCM_NODE_INFO(kDevice, "registration: %zu data-plane segment(s) with the %s engine in %.3f s on %u thread(s)",
+                  registered_.size(), engine_->name(), reg.seconds, reg.threads);
   }
   if (ok(r))
     r = plan_placement(node_.local_rank, node_.local_size, engine_ ? engine_->pci_bus_id() : std::string(),
@@ -438,26 +467,16 @@ void add_counters(const RankCounters& c, ucm_stats_t* s, uint64_t* hist) {
   s->dumps += v(c.dumps);
   s->bytes_dumped += v(c.bytes_dumped);
   s->direct_fallbacks += v(c.direct_fallbacks);
-  for (int i = 0; i < 32; ++i) hist[i] += v(c.latency_us_log2[i]);
+  for (uint32_t i = 0; i < kLatencyBuckets; ++i) hist[i] += v(c.latency_us[i]);
+  s->latency_max_us = std::max(s->latency_max_us, v(c.latency_max_us));
 }
 
+// Log-linear buckets: each percentile is within 1/32 of the exact value
+// (common/latency_histogram.h), and no more than the maximum, which is exact.
 void percentiles(const uint64_t* hist, ucm_stats_t* s) {
-  uint64_t total = 0;
-  for (int i = 0; i < 32; ++i) total += hist[i];
-  if (total == 0) return;
-  auto at = [&](double q) {
-    const uint64_t want = static_cast<uint64_t>(q * static_cast<double>(total - 1)) + 1;
-    uint64_t seen = 0;
-    for (int i = 0; i < 32; ++i) {
-      seen += hist[i];
-      if (seen >= want) return (uint64_t{2} << i) - 1;  // the bucket's upper bound
-    }
-    return uint64_t{0};
-  };
-  s->latency_p50_us = at(0.50);
-  s->latency_p90_us = at(0.90);
-  s->latency_p99_us = at(0.99);
-  s->latency_max_us = at(1.0);
+  s->latency_p50_us = std::min(s->latency_max_us, latency_percentile(hist, kLatencyBuckets, 50, 100));
+  s->latency_p90_us = std::min(s->latency_max_us, latency_percentile(hist, kLatencyBuckets, 90, 100));
+  s->latency_p99_us = std::min(s->latency_max_us, latency_percentile(hist, kLatencyBuckets, 99, 100));
 }
 
 }  // namespace
@@ -469,7 +488,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     std::memset(&s, 0, sizeof(s));
     s.struct_bytes = rank->struct_bytes;
     s.ranks = 1;
-    uint64_t hist[32] = {};
+    uint64_t hist[kLatencyBuckets] = {};
     add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, &s, hist);
     percentiles(hist, &s);
     std::memcpy(rank, &s, std::min<size_t>(rank->struct_bytes, sizeof(s)));
@@ -479,7 +498,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     std::memset(&s, 0, sizeof(s));
     s.struct_bytes = node->struct_bytes;
     s.ranks = ctrl_.max_ranks();
-    uint64_t hist[32] = {};
+    uint64_t hist[kLatencyBuckets] = {};
     for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, &s, hist);
     percentiles(hist, &s);
     std::memcpy(node, &s, std::min<size_t>(node->struct_bytes, sizeof(s)));

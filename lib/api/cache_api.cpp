@@ -6,6 +6,7 @@
 #include "api/config.h"
 #include "api/handles.h"
 #include "common/log.h"
+#include "common/trace.h"
 #include "common/time.h"
 
 using ucm::finish_call;
@@ -14,6 +15,7 @@ using ucm::guarded;
 extern "C" {
 
 UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, ucm_cache_t* cache) {
+  UCM_TRACE(ucm::TraceRange::kInit);
   if (cache) *cache = nullptr;
   return finish_call(nullptr, guarded("ucm_cache_init", [&] {
     // A bad argument on this rank still joins every collective step, so that
@@ -33,6 +35,7 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
 }
 
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache) {
+  UCM_TRACE(ucm::TraceRange::kFinalize);
   if (!cache) return finish_call(nullptr, ucm::fail(ucm::Result::kNullPointer, "cache (the handle's address) is NULL"));
   const uint64_t start = ucm::now_ns();
   return finish_call(nullptr, guarded("ucm_cache_finalize", [&] {

@@ -8,6 +8,7 @@
 #include "api/handles.h"
 #include "backend/sim_backend.h"
 #include "common/log.h"
+#include "common/trace.h"
 
 namespace {
 
@@ -56,6 +57,7 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
 template <typename Entry, typename Take>
 ucm_result_t submit_task(ucm_cache_t cache, const char* where, const Entry* entries, size_t n, ucm_task_t* task,
                          ucm::TaskKind kind, const char* ptr_name, Take take) {
+  UCM_TRACE(ucm::TraceRange::kSubmit);
   return ucm::cache_call(cache, where, [&](ucm::Cache& c) {
     std::vector<ucm::TaskEntry> es;
     UCM_CHECK(check_entries(c, entries, n, task, take, ptr_name, &es));
@@ -131,6 +133,7 @@ UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* en
 }
 
 UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t timeout_ms) {
+  UCM_TRACE(ucm::TraceRange::kTaskWait);
   return ucm::cache_call(cache, "ucm_task_wait", [&](ucm::Cache& c) { return c.wait(task, timeout_ms); });
 }
 
@@ -142,6 +145,7 @@ UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* is_d
 }
 
 UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n) {
+  UCM_TRACE(ucm::TraceRange::kTouch);
   return ucm::cache_call(cache, "ucm_touch", [&](ucm::Cache& c) {
     if (n == 0) return ucm::Result::kOk;
     if (!blocks) return ucm::fail(ucm::Result::kNullPointer, "blocks is NULL (n = %zu)", n);

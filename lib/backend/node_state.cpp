@@ -73,7 +73,7 @@ Result NodeState::create(uint64_t bytes, NodeState* out) {
     return fail(Result::kSystem, "mmap(store state, %" PRIu64 " bytes): %s", bytes, strerror(errno));
   s.base_ = m;
   s.bytes_ = bytes;
-  UCM_INFO(kBackend, "node-shared store state: %" PRIu64 " bytes", bytes);
+  UCM_INFO(kBackend, "store state: %" PRIu64 " bytes, node-shared", bytes);
   *out = std::move(s);
   return Result::kOk;
 }

@@ -15,6 +15,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/trace.h"
 
 namespace ucm {
 namespace {
@@ -213,9 +214,10 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
   b->dio_mem_align_ = mem_align;
   b->dio_off_align_ = off_align;
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
-  UCM_INFO(kBackend, "posix store at %s: %u I/O threads, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
-           o.dir.c_str(), o.depth, direct_ok ? "available" : "not available", mem_align, off_align,
-           o.sync ? "on" : "off", o.file_mode);
+  UCM_NODE_INFO(kBackend,
+                "store: posix at %s: %u I/O threads, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
+                o.dir.c_str(), o.depth, direct_ok ? "available" : "not available", mem_align, off_align,
+                o.sync ? "on" : "off", o.file_mode);
   *out = std::move(b);
   return Result::kOk;
 }
@@ -292,10 +294,12 @@ void PosixBackend::worker() {
       queue_.pop_front();
     }
     if (item.second) {
+      UCM_TRACE(TraceRange::kBackendLoad);
       counters_.load_started();  // in flight = on an I/O thread, not queued
       do_load(item.first);
       counters_.load_finished(*item.first);
     } else {
+      UCM_TRACE(TraceRange::kBackendDump);
       do_dump(item.first);
       counters_.dump_finished(*item.first);
     }

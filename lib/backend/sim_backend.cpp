@@ -5,6 +5,7 @@
 
 #include "backend/sim_content.h"
 #include "common/log.h"
+#include "common/trace.h"
 #include "common/time.h"
 
 namespace ucm {
@@ -135,8 +136,8 @@ Result SimBackend::create(const SimOptions& o, const BackendContext& ctx, std::u
     UCM_CHECK(SharedKeySet::attach(base, bytes, o.dumped_capacity, &b->dumped_));
   }
   for (uint32_t i = 0; i < o.workers; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
-  UCM_INFO(kBackend, "sim store: latency %" PRIu64 " us, %.2f GB/s per request, %u in flight, %u workers",
-           o.latency_us, o.gbps, o.max_inflight, o.workers);
+  UCM_NODE_INFO(kBackend, "store: sim, latency %" PRIu64 " us, %.2f GB/s per request, %u in flight, %u workers",
+                o.latency_us, o.gbps, o.max_inflight, o.workers);
   *out = std::move(b);
   return Result::kOk;
 }
@@ -262,6 +263,7 @@ void SimBackend::worker() {
     timed_.pop();
     const bool failing = should_fail(top.req->key);
     lk.unlock();
+    UCM_TRACE(top.is_load ? TraceRange::kBackendLoad : TraceRange::kBackendDump);
     IoRequest* req = top.req;
     // The table is lock-free and the node's: no process lock around it. A dump
     // enters it only now, when its latency has passed.

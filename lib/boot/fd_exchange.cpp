@@ -267,7 +267,7 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
     UCM_CHECK(send_grant(conn, nonce_, seq, seq == 0 ? &d : nullptr, fds.data() + off, count));
   }
   (*served)[idx] = true;
-  UCM_INFO(kBoot, "boot socket: gave %zu fds to local rank %u (pid %d)", fds.size(), hello.local_rank, cred.pid);
+  UCM_DEBUG(kBoot, "boot socket: gave %zu fds to local rank %u (pid %d)", fds.size(), hello.local_rank, cred.pid);
   return Result::kOk;
 }
 

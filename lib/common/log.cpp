@@ -78,6 +78,8 @@ bool log_enabled(LogLevel level, Subsys subsys) {
 
 void log_set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
 
+LogLevel log_node_level() { return g_rank.load(std::memory_order_relaxed) <= 0 ? LogLevel::kInfo : LogLevel::kDebug; }
+
 void log_line(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...) {
   char msg[1024];
   va_list ap;

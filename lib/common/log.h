@@ -3,6 +3,9 @@
 // UCM_WARN always prints (stderr). UCM_INFO/UCM_DEBUG print when the level from
 // UCM_LOG=warn|info|debug allows and the subsystem is listed in
 // UCM_LOG_SUBSYS=ctrl,cache,... (default: all). Both variables are read once.
+// UCM_NODE_INFO is for a decision every rank of a node makes alike (or one
+// that only local rank 0 makes): info on local rank 0 (and before the rank is
+// known), debug on the others, so that `info` prints it once per node.
 // UCM_CHECK propagates a failing Result upward, logging one debug line per
 // level, so a failure with UCM_LOG=debug reads like a backtrace.
 #pragma once
@@ -36,6 +39,8 @@ void log_line(LogLevel level, Subsys subsys, const char* file, int line, const c
     __attribute__((format(printf, 5, 6)));
 // The local rank shown in the prefix (-1: none yet). Set once by whoever knows it.
 void log_set_rank(int rank);
+// kInfo on local rank 0 or before log_set_rank, kDebug on the other ranks.
+LogLevel log_node_level();
 
 }  // namespace ucm
 
@@ -49,6 +54,13 @@ void log_set_rank(int rank);
   do {                                                                              \
     if (::ucm::log_enabled(::ucm::LogLevel::kDebug, ::ucm::Subsys::SUBSYS))         \
       ::ucm::log_line(::ucm::LogLevel::kDebug, ::ucm::Subsys::SUBSYS, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+#define UCM_NODE_INFO(SUBSYS, ...)                                                  \
+  do {                                                                              \
+    const ::ucm::LogLevel ucm_node_level_ = ::ucm::log_node_level();                \
+    if (::ucm::log_enabled(ucm_node_level_, ::ucm::Subsys::SUBSYS))                 \
+      ::ucm::log_line(ucm_node_level_, ::ucm::Subsys::SUBSYS, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 // Propagates a failure upward, one debug line per level.

@@ -39,10 +39,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/latency_histogram.h"
+
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 8;
+constexpr uint32_t kCtrlAbi = 9;
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -213,13 +215,15 @@ struct RankCounters {
   std::atomic<uint64_t> bytes_dumped;
   std::atomic<uint64_t> failed_shards;      // entries that failed their task
   std::atomic<uint64_t> direct_fallbacks;   // backend I/Os refused as direct, redone buffered
-  // Task latency, submit to completion: bucket i counts latencies in
-  // [2^i, 2^(i+1)) microseconds (bucket 0 also holds < 1 us).
-  std::atomic<uint64_t> latency_us_log2[32];
+  // Task latency, submit to completion, in microseconds: log-linear buckets
+  // (common/latency_histogram.h, within 1/32 of the exact value) and the
+  // exact maximum (a CAS max: the threads of rank r that complete tasks).
+  std::atomic<uint64_t> latency_max_us;
+  std::atomic<uint64_t> latency_us[kLatencyBuckets];
 };
-static_assert(sizeof(RankCounters) == 8 * (21 + 32));
+static_assert(sizeof(RankCounters) == 8 * (22 + kLatencyBuckets));
 
-// One per local rank. Line 0 is the identity; the counters follow.
+// One per local rank, 4 KiB each. Line 0 is the identity; the counters follow.
 struct alignas(64) RankRecord {
   std::atomic<uint32_t> state;        // rank r (join/leave), recovery (reap): RankState
   std::atomic<int32_t> pid;           // rank r, before state = kAlive
@@ -227,8 +231,9 @@ struct alignas(64) RankRecord {
   std::atomic<uint64_t> generation;   // rank r: bumped at each join
   uint8_t pad_[40];
   alignas(64) RankCounters counters;
+  uint8_t tail_[4096 - 64 - sizeof(RankCounters)];
 };
-static_assert(sizeof(RankRecord) == 512);
+static_assert(sizeof(RankRecord) == 4096);
 
 struct Bucket {
   std::atomic<uint32_t> lock;  // shared_lock word

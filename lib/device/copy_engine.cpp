@@ -76,7 +76,7 @@ Result make_copy_engine(const EngineChoice& c, std::unique_ptr<CopyEngine>* out,
   if (c.kind == EngineKind::kAuto && c.auto_device && !gpu_node) {
     taken->device_id = c.local_rank;
     taken->why = "no GPU on this node (" + s.cuda_error + "): host engine, as copy_engine=auto allows";
-    UCM_INFO(kDevice, "%s", taken->why.c_str());
+    UCM_DEBUG(kDevice, "%s", taken->why.c_str());  // the rank's "device and placement" line says it at info
     *out = make_host_engine(taken->device_id);
     return Result::kOk;
   }

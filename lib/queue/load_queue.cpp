@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "common/trace.h"
 #include "ctrl/layout.h"
 #include "queue/rearrange.h"
 
@@ -103,8 +104,10 @@ Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
 
 void LoadQueue::record_done(const Task& t) {
   const uint64_t us = t.latency_ns() / 1000;
-  const int bucket = us == 0 ? 0 : std::min(31, 63 - __builtin_clzll(us));
-  add(ctr_->latency_us_log2[bucket], 1);
+  add(ctr_->latency_us[latency_bucket(us)], 1);
+  uint64_t seen = ctr_->latency_max_us.load(std::memory_order_relaxed);
+  while (us > seen && !ctr_->latency_max_us.compare_exchange_weak(seen, us, std::memory_order_relaxed)) {
+  }
 }
 
 std::string LoadQueue::key_text(const Key& k) const {
@@ -161,6 +164,7 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
 }
 
 void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
+  UCM_TRACE(TraceRange::kDispatch);
   const auto& entries = t->entries();
   add(ctr_->tasks, 1);
   add(ctr_->shards, entries.size());
@@ -397,6 +401,7 @@ uint64_t LoadQueue::expire_due_ios() {
 }
 
 Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream) {
+  UCM_TRACE(TraceRange::kDump);
   const TaskEntry& e = t->entries()[index];
   const uint64_t bytes = cache_->ctrl().slot_bytes();
   uint64_t ticket = 0;
@@ -588,6 +593,7 @@ void LoadQueue::copier_main() {
         words.push_back(it.word);
         until = std::min(until, it.task->deadline_ns());
       }
+      UCM_TRACE(TraceRange::kWaitReady);
       (void)cache_->wait_any(slots.data(), words.data(), slots.size(), bell, until);
     }
     copier_asleep_.store(false, std::memory_order_relaxed);
@@ -611,6 +617,7 @@ bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
   const uint64_t next_expiry = expire_due_ios();
   const uint64_t until = std::min({it.task->deadline_ns(), next_expiry, now_ns() + kStopCheckNs});
   uint32_t now_word = *w;
+  UCM_TRACE(TraceRange::kWaitReady);
   const Result r = cache_->wait_for_change(it.slot, *w, until, &now_word);
   if (r == Result::kOk) {
     *w = now_word;
@@ -747,6 +754,7 @@ bool LoadQueue::process(Item& it) {
   }
   add(ctr_->wait_ns, now_ns() - started);
   uint64_t ticket = 0;
+  UCM_TRACE(TraceRange::kCopy);
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);
   if (r != Result::kOk) {
     fail_item(it, r, key_text(e.key) + ": " + last_error());
@@ -877,6 +885,7 @@ void LoadQueue::dump_ready(Item& it, uint64_t started) {
 void LoadQueue::flush_copies() {
   if (!unflushed_) return;
   unflushed_ = false;
+  UCM_TRACE(TraceRange::kCopy);
   // A failed flush may have put some copies in flight: each keeps its pin
   // until the stream settles its ticket, and retire_copies() then fails it.
   if (copy_stream_->flush() != Result::kOk) UCM_INFO(kQueue, "rank %u: %s", opts_.local_rank, last_error().c_str());

@@ -24,7 +24,7 @@ run() { "${noenv[@]}" "$@"; }
 run "$info" -v --parsable > "$tmp/v" 2> "$tmp/v.err" || fail "-v --parsable exited $?: $(cat "$tmp/v.err")"
 [[ ! -s "$tmp/v.err" ]] || fail "-v wrote to stderr: $(cat "$tmp/v.err")"
 grep -qx "version:ucmcache:$version" "$tmp/v" || fail "-v --parsable lacks version:ucmcache:$version"
-for k in mpi hwloc cuda nccl; do
+for k in mpi hwloc cuda nccl nvtx; do
   grep -Eqx "build:$k:(yes|no)" "$tmp/v" || fail "-v --parsable lacks build:$k:yes|no"
 done
 grep -Eq "^build:compiler:.+" "$tmp/v" || fail "-v --parsable lacks build:compiler"
@@ -35,6 +35,11 @@ run "$info" -v | grep -q "^ucmcache $version\$" || fail "-v does not print 'ucmc
 if "$nm" -D --undefined-only "$lib" | grep -q ' nccl'; then calls=yes; else calls=no; fi
 grep -qx "build:nccl:$calls" "$tmp/v" \
   || fail "ucm_info says $(grep '^build:nccl:' "$tmp/v"), the library calling NCCL: $calls"
+
+# NVTX is built in when the library can load an NVTX tool (its loader names
+# the variable); ucm_info -v says the same.
+if grep -q NVTX_INJECTION64_PATH "$lib"; then nvtx=yes; else nvtx=no; fi
+grep -qx "build:nvtx:$nvtx" "$tmp/v" || fail "ucm_info says $(grep '^build:nvtx:' "$tmp/v"), the library's NVTX: $nvtx"
 
 # --- -c: every variable of ucm_config_t, with value, default and source
 # ucm_config_t lives in ucm_base.h beside ucm.h (the MPI-free part of the API).

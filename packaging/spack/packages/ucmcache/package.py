@@ -24,6 +24,7 @@ class Ucmcache(MesonPackage):
     variant("cuda", default=True, description="Build the CUDA copy engine against the CUDA runtime")
     variant("hwloc", default=True, description="Pin the queue threads near each GPU with hwloc")
     variant("nccl", default=False, description="Look for NCCL (the library does not call it yet)")
+    variant("nvtx", default=True, description="NVTX ranges for Nsight Systems (header-only NVTX 3)")
 
     conflicts("+nccl", when="~cuda", msg="nccl needs cuda")
 
@@ -37,6 +38,7 @@ class Ucmcache(MesonPackage):
     depends_on("hwloc@2:", when="+hwloc")
     depends_on("cuda", when="+cuda")
     depends_on("nccl", when="+nccl")
+    depends_on("nvtx", when="+nvtx")  # nvtx3/ headers only (the CUDA toolkit has them too)
     depends_on("googletest", type="test")
 
     def meson_args(self):
@@ -52,6 +54,7 @@ class Ucmcache(MesonPackage):
             feature("cuda"),
             feature("hwloc"),
             feature("nccl"),
+            feature("nvtx"),
             "-Dtests={0}".format("true" if self.run_tests else "false"),
         ]
         if spec.satisfies("+nccl"):
