@@ -116,7 +116,7 @@ typedef struct ucm_config {
   uint32_t max_task_entries; /* UCM_MAX_TASK_ENTRIES (4096): entries per task at most  [layout] */
   int32_t device_id;         /* UCM_DEVICE_ID (auto): a GPU ordinal, auto, or < 0 scheduler */
   uint32_t ranks_per_node;   /* UCM_RANKS_PER_NODE (0 = the real node): split a machine
-                                into pretend nodes of this many ranks (tests, studies) */
+                                into pretend nodes of this many ranks (tests, studies)  [layout] */
   ucm_order_t order;         /* UCM_ORDER=rotate|natural (rotate)                      [layout] */
   ucm_evict_t evict;         /* UCM_EVICT=clock|ring (clock)                           [layout] */
   ucm_wait_t wait;           /* UCM_WAIT=futex|poll (futex)                            [layout] */
