@@ -8,8 +8,8 @@ variable, field, default, type, values, layout flag, help. Against it:
   markers is exactly the one this script generates (`--readme-table` prints
   it: paste it in after changing the table).
 - man/ucmcache.7.scd: one heading `*UCM_X*[=a|b] (default)` per variable of
-  the table, and per logging variable (lib/common/log.cpp's getenv), none
-  else; the same default; the `=a|b` values, when given (always for an enum),
+  the table, and per logging variable (lib/common/log.cpp's getenv), and none
+  the library does not read (a getenv under lib/); the same default; the `=a|b` values, when given (always for an enum),
   are the table's; `_[layout]_` in the entry exactly for layout rows.
 - include/ucmcache/ucm_base.h: every field of ucm_config_t but struct_bytes
   and version has a comment `/* UCM_X[=a|b] (default) ... [layout] */` with
@@ -142,6 +142,14 @@ def check_man(root, rows, errors):
         lines = f.read().splitlines()
     with open(os.path.join(root, "lib", "common", "log.cpp"), encoding="utf-8") as f:
         log_vars = set(re.findall(r'getenv\("(UCM_[A-Z_]+)"\)', f.read()))
+    # Any other variable the library reads outside the table (a test knob, a
+    # tracing switch) may be documented; one it never reads may not.
+    read_vars = set(log_vars)
+    for d, _, files in os.walk(os.path.join(root, "lib")):
+        for name in files:
+            if name.endswith((".cpp", ".h")):
+                with open(os.path.join(d, name), encoding="utf-8", errors="replace") as f:
+                    read_vars |= set(re.findall(r'getenv\("(UCM_[A-Z_]+)"\)', f.read()))
     seen = set()
     for i, line in enumerate(lines):
         m = re.match(r"\*(UCM_[A-Z_]+)\*(?:=(\S+))?(?: \(([^)]*)\))?\s*$", line)
@@ -163,7 +171,7 @@ def check_man(root, rows, errors):
             if values is not None and values.startswith("_"):
                 values = None  # a placeholder (_dir_), not a list of values
             check_entry("ucmcache.7", var, rows[var], values, default, marked, errors)
-        elif var not in log_vars:
+        elif var not in read_vars:
             errors.append("ucmcache.7 documents %s, which the library does not read" % var)
     for var in rows:
         if var not in seen:
