@@ -5,7 +5,9 @@
 //   ucm_info -c            every tunable: value, default, source
 //   ucm_info -f            the same with help text
 //   ucm_info -d            this node: CPUs, NUMA nodes, GPUs, hugepages, memfd
-//   ucm_info --parsable    any of the above as `section:key:value` lines
+//   ucm_info --parsable    any of the above as `section:key:value` lines (a
+//                          tunable's: field, value, default, source, type,
+//                          values, layout, and with -f help)
 //   mpirun -np 4 ucm_info  (or -b) the per-rank bootstrap view: every rank
 //                          builds the node-shared cache and prints one line
 //
@@ -107,12 +109,15 @@ int print_config(const Options& o) {
       std::printf("tunable:%s:value:%s\n", name.c_str(), r.value.c_str());
       std::printf("tunable:%s:default:%s\n", name.c_str(), r.default_value.c_str());
       std::printf("tunable:%s:source:%s\n", name.c_str(), r.source.c_str());
+      std::printf("tunable:%s:type:%s\n", name.c_str(), r.type.c_str());
+      std::printf("tunable:%s:values:%s\n", name.c_str(), r.bounds.c_str());
+      std::printf("tunable:%s:layout:%s\n", name.c_str(), yes(r.layout));
       if (o.help_text) std::printf("tunable:%s:help:%s\n", name.c_str(), r.help.c_str());
       continue;
     }
     std::printf("%-22s = %-14s (default %s; %s)\n", name.c_str(), r.value.empty() ? "\"\"" : r.value.c_str(),
                 r.default_value.empty() ? "none" : r.default_value.c_str(), r.source.c_str());
-    if (o.help_text) std::printf("    %s\n", r.help.c_str());
+    if (o.help_text) std::printf("    %s\n    values: %s\n", r.help.c_str(), r.bounds.c_str());
   }
   return 0;
 }

@@ -116,7 +116,7 @@ typedef struct ucm_config {
   uint32_t max_task_entries; /* UCM_MAX_TASK_ENTRIES (4096): entries per task at most  [layout] */
   int32_t device_id;         /* UCM_DEVICE_ID (auto): a GPU ordinal, auto, or < 0 scheduler */
   uint32_t ranks_per_node;   /* UCM_RANKS_PER_NODE (0 = the real node): split a machine
-                                into pretend nodes of this many ranks (tests, studies) */
+                                into pretend nodes of this many ranks (tests, studies)  [layout] */
   ucm_order_t order;         /* UCM_ORDER=rotate|natural (rotate)                      [layout] */
   ucm_evict_t evict;         /* UCM_EVICT=clock|ring (clock)                           [layout] */
   ucm_wait_t wait;           /* UCM_WAIT=futex|poll (futex)                            [layout] */
@@ -174,7 +174,8 @@ UCM_API ucm_result_t ucm_config_check(const ucm_config_t* config);
  * this thread. Threads: any, at any time. */
 UCM_API const char* ucm_last_error(ucm_cache_t cache);
 
-/* Kept for callers of 0.1: the same as ucm_last_error(NULL). */
+/* Kept for callers of 0.1: the same as ucm_last_error(NULL).
+ * Threads: any, at any time. */
 UCM_API const char* ucm_config_error(void);
 
 /* A short, static, human-readable name for a result ("UCM_ERR_NO_SPACE: ...").
@@ -329,13 +330,15 @@ UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);
  * Threads: any, at the same time as any other call. */
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info);
 
-/* Submits a load (see above). Threads: any, concurrently. */
+/* Submits a load (see above). NULL entries (n > 0), a NULL dst or a NULL task:
+ * UCM_ERR_NULL_POINTER. Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task);
 /* Copies each shard into a cache slot (Ready at once, so peers hit it) and
  * writes it through to the backend. When several ranks dump the same key, one
  * writes, and each gets that write's outcome: an entry is UCM_OK only once
  * the store holds the key. After UCM_ERR_BACKEND the cached copy is still
  * served, and the next dump of the key (any rank) writes it through again.
+ * NULL entries (n > 0), a NULL src or a NULL task: UCM_ERR_NULL_POINTER.
  * Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);
 /* Waits up to timeout_ms (< 0, or too large to add to the clock, such as

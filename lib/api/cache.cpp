@@ -211,8 +211,12 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
   } else {
     PlaneDescriptor desc{};
     std::vector<int> fds;
+    PlaneExpectation expect;
+    expect.ctrl = cp;
+    expect.segment_bytes = dp.segment_bytes;
+    expect.data_total_slots = dp.total_slots;
     r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline, &desc,
-                     &fds);
+                     &fds, &expect);
     if (ok(r)) r = BufferCtrl::attach(fds[0], &cp, &ctrl_);
     if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);
     if (ok(r) && (desc.store_fds != 0) != (store_bytes > 0))

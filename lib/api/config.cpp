@@ -298,6 +298,22 @@ int64_t tunable_value(const ucm_config_t& c, const Tunable& t) {
   return 0;
 }
 
+std::string tunable_bounds(const Tunable& t) {
+  return t.type == T::kString ? "length " + bounds_text(t) : bounds_text(t);
+}
+
+const char* tunable_type_name(TunableType type) {
+  switch (type) {
+    case T::kUint: return "uint";
+    case T::kInt: return "int";
+    case T::kSize: return "size";
+    case T::kEnum: return "enum";
+    case T::kDevice: return "device";
+    case T::kString: return "string";
+  }
+  return "?";
+}
+
 std::string tunable_text(const ucm_config_t& c, const Tunable& t) {
   const int64_t v = tunable_value(c, t);
   if (t.type == T::kString) return std::string(static_cast<const char*>(field(c, t)), static_cast<size_t>(v));
@@ -391,6 +407,7 @@ Result layout_from_config(const ucm_config_t& c, uint32_t local_size, CtrlParams
   p.shards_per_block = c.shards_per_block;
   p.max_ranks = local_size;
   p.evict = c.evict == UCM_EVICT_RING ? EvictMode::kRing : EvictMode::kClock;
+  p.tunables_hash = tunables_layout_hash(c);
   UCM_CHECK(validate_ctrl_params(p));
   DataParams d;
   d.slot_bytes = c.shard_bytes;
@@ -426,6 +443,19 @@ AgreementRecord agreement_record(const ucm_config_t& c) {
     }
   }
   return r;
+}
+
+uint64_t tunables_layout_hash(const ucm_config_t& c) {
+  const AgreementRecord r = agreement_record(c);
+  uint64_t h = kFnvOffset;
+  int i = 0;
+  for (const Tunable& t : kTable) {
+    if (!t.layout) continue;
+    h = fnv1a(t.name, std::strlen(t.name), h);
+    h = fnv1a_u64(h, static_cast<uint64_t>(t.type));
+    h = fnv1a_u64(h, r.values[i++]);
+  }
+  return h;
 }
 
 const char* agreement_field_name(int i) {

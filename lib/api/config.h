@@ -72,6 +72,11 @@ const Tunable* tunables(size_t* count);
 int64_t tunable_value(const ucm_config_t& c, const Tunable& t);
 // "64", "1048576", "rotate", "auto", "posix:/x".
 std::string tunable_text(const ucm_config_t& c, const Tunable& t);
+// The values the row takes: "1..65536", "rotate|natural", "auto or -2147483648..1048576",
+// "length 0..511".
+std::string tunable_bounds(const Tunable& t);
+// "uint", "int", "size", "enum", "device", "string".
+const char* tunable_type_name(TunableType type);
 
 // The per-field bounds of the table only (check_config adds the checks that
 // relate fields); the message names the field and its value.
@@ -95,5 +100,11 @@ struct AgreementRecord {
 };
 AgreementRecord agreement_record(const ucm_config_t& c);
 const char* agreement_field_name(int i);
+
+// A hash of every layout row of the table: its name, type and value (the
+// agreement record's). layout_from_config puts it into CtrlParams, so the
+// control header's fingerprint covers every layout tunable, including one
+// added to the table later: no list of fields to keep in step.
+uint64_t tunables_layout_hash(const ucm_config_t& c);
 
 }  // namespace ucm

@@ -23,6 +23,9 @@ Result tunables_view(std::vector<TunableRow>* out) {
     row.value = tunable_text(current, t);
     row.default_value = tunable_text(defaults, t);
     row.source = std::getenv(t.env) ? "environment" : "default";
+    row.type = tunable_type_name(t.type);
+    row.bounds = tunable_bounds(t);
+    row.layout = t.layout;
     row.help = std::string(t.help) + (t.layout ? " [layout]" : "");
     out->push_back(row);
   }

@@ -19,6 +19,9 @@ struct TunableRow {
   std::string value;          // what ucm_config_init gives in this environment
   std::string default_value;  // what it gives with the variable unset
   std::string source;         // "environment" or "default"
+  std::string type;           // "uint", "int", "size", "enum", "device", "string"
+  std::string bounds;         // the values it takes: "1..65536", "rotate|natural"
+  bool layout = false;        // every rank of a node must agree on it
   std::string help;
 };
 

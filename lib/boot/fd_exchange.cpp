@@ -271,8 +271,35 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   return Result::kOk;
 }
 
+Result check_plane_descriptor(const PlaneDescriptor& d, const PlaneExpectation* expect) {
+  const char* from = "the boot descriptor from local rank 0";
+  std::string diff;
+  if (expect) {
+    diff = ctrl_params_diff(d.ctrl, resolve_ctrl_params(expect->ctrl), from, "this rank");
+    char clause[200];
+    if (d.segment_bytes != expect->segment_bytes) {
+      std::snprintf(clause, sizeof(clause), "segment_bytes: %s has %" PRIu64 ", this rank expects %" PRIu64, from,
+                    d.segment_bytes, expect->segment_bytes);
+      diff += (diff.empty() ? "" : "; ") + std::string(clause);
+    }
+    if (d.data_total_slots != expect->data_total_slots) {
+      std::snprintf(clause, sizeof(clause), "data_total_slots: %s has %u, this rank expects %u", from,
+                    d.data_total_slots, expect->data_total_slots);
+      diff += (diff.empty() ? "" : "; ") + std::string(clause);
+    }
+  }
+  const uint64_t fp = ctrl_fingerprint(d.ctrl);
+  if (fp != d.ctrl_fingerprint)
+    return fail(Result::kCorrupt,
+                "%s is corrupt: its fingerprint 0x%016" PRIx64 " does not match its parameters (0x%016" PRIx64 ")%s%s",
+                from, d.ctrl_fingerprint, fp, diff.empty() ? "" : "; ", diff.c_str());
+  if (!diff.empty()) return fail(Result::kConfigMismatch, "%s", diff.c_str());
+  return Result::kOk;
+}
+
 Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
-                    uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds) {
+                    uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds,
+                    const PlaneExpectation* expect) {
   fds->clear();
   const pid_t server_pid = server.pid;
   socklen_t len;
@@ -378,6 +405,10 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const P
         return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments and %u store fds",
                     expected_total, desc->segment_count, desc->store_fds);
       }
+      if (const Result r = check_plane_descriptor(*desc, expect); !ok(r)) {
+        close_all(fds);
+        return r;
+      }
     }
     if (fds->size() > expected_total) {
       close_all(fds);
@@ -390,13 +421,8 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const P
 PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& dp, const BufferData& data) {
   PlaneDescriptor d{};
   const CtrlParams p = ctrl.params();
-  d.slot_bytes = p.slot_bytes;
-  d.regular_slots = p.regular_slots;
-  d.reserved_slots = p.reserved_slots;
-  d.bucket_count = p.bucket_count;
-  d.shards_per_block = p.shards_per_block;
-  d.max_ranks = p.max_ranks;
-  d.evict = static_cast<uint32_t>(p.evict);
+  d.ctrl = p;
+  d.ctrl_fingerprint = ctrl_fingerprint(p);
   d.segment_bytes = dp.segment_bytes;
   d.data_total_slots = dp.total_slots;
   d.hugetlb = data.hugetlb() ? 1 : 0;

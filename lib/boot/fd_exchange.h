@@ -32,6 +32,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@
 namespace ucm {
 
 constexpr uint64_t kWireMagic = 0x31544f4f424d4355ull;  // "UCMBOOT1"
-constexpr uint32_t kWireVersion = 2;  // 2: PlaneDescriptor.store_fds
+constexpr uint32_t kWireVersion = 3;  // 2: PlaneDescriptor.store_fds; 3: CtrlParams whole, fingerprinted
 constexpr uint32_t kMaxFdsPerMessage = 200;  // below the kernel's SCM_MAX_FD (253)
 
 enum class WireKind : uint32_t { kHello = 1, kGrant = 2 };
@@ -68,24 +69,32 @@ struct WireHello {
   uint32_t pad;
 };
 
-// What a peer needs to map the planes, sent with the first Grant.
+// What a peer needs to map the planes, sent with the first Grant. The layout
+// parameters travel whole, with their fingerprint: a peer refuses a
+// descriptor whose fingerprint disagrees with its parameters (kCorrupt) or
+// whose parameters are not the ones it expects (kConfigMismatch), naming each
+// field that differs.
 struct PlaneDescriptor {
-  uint64_t slot_bytes;
-  uint32_t regular_slots;
-  uint32_t reserved_slots;
-  uint32_t bucket_count;
-  uint32_t shards_per_block;
-  uint32_t max_ranks;
-  uint32_t evict;
-  uint64_t segment_bytes;
-  uint32_t data_total_slots;
+  CtrlParams ctrl;            // rank 0's control header's parameters (resolved)
+  uint64_t ctrl_fingerprint;  // ctrl_fingerprint(ctrl)
+  uint64_t segment_bytes;     // DataParams.segment_bytes
+  uint32_t data_total_slots;  // DataParams.total_slots
   uint32_t hugetlb;
   uint32_t segment_count;  // data fds that follow the control fd (0 for a scheduler)
   uint32_t total_fds;      // across all grants: 1 + segment_count + store_fds
   uint32_t store_fds;      // 0 or 1: the store's node-shared state, after the segments
   uint32_t pad;
 };
-static_assert(sizeof(PlaneDescriptor) == 64);
+static_assert(sizeof(PlaneDescriptor) == 80);
+static_assert(offsetof(PlaneDescriptor, ctrl) == 0);
+static_assert(offsetof(PlaneDescriptor, segment_bytes) == 48);
+
+// What a peer expects of the descriptor: its own layout, from its own config.
+struct PlaneExpectation {
+  CtrlParams ctrl;
+  uint64_t segment_bytes = 0;
+  uint32_t data_total_slots = 0;
+};
 
 struct PeerExpectation {
   uint32_t local_rank;
@@ -134,9 +143,15 @@ class FdServer {
 // the planes, after checking that `server` is who serves the socket.
 // `fds` receives the control fd first, then the data segment fds, then the
 // store's state fd when desc->store_fds says there is one (all owned by the
-// caller).
+// caller). With `expect`, the descriptor must carry those parameters (see
+// PlaneDescriptor); without, only its own fingerprint is checked.
 [[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
-                                  uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds);
+                                  uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds,
+                                  const PlaneExpectation* expect = nullptr);
+
+// The descriptor's own consistency, then (with `expect`) its parameters
+// against the peer's; the error names every field that differs.
+[[nodiscard]] Result check_plane_descriptor(const PlaneDescriptor& d, const PlaneExpectation* expect);
 
 PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& data_params, const BufferData& data);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -58,21 +59,56 @@ uint32_t next_pow2(uint64_t x) {
   return static_cast<uint32_t>(p);
 }
 
-CtrlParams params_from_header(const CtrlHeader& h) {
-  CtrlParams p;
-  p.slot_bytes = h.slot_bytes;
-  p.regular_slots = h.regular_slots;
-  p.reserved_slots = h.reserved_slots;
-  p.bucket_count = h.bucket_count;
-  p.shards_per_block = h.shards_per_block;
-  p.max_ranks = h.max_ranks;
-  p.evict = static_cast<EvictMode>(h.evict_mode);
-  return p;
-}
-
 const char* evict_name(EvictMode m) { return m == EvictMode::kClock ? "clock" : m == EvictMode::kRing ? "ring" : "?"; }
 
+#define UCM_PARAM(f) {#f, offsetof(CtrlParams, f), sizeof(CtrlParams::f)}
+constexpr CtrlParamField kParamFields[] = {
+    UCM_PARAM(slot_bytes),       UCM_PARAM(regular_slots), UCM_PARAM(reserved_slots), UCM_PARAM(bucket_count),
+    UCM_PARAM(shards_per_block), UCM_PARAM(max_ranks),     UCM_PARAM(evict),          UCM_PARAM(tunables_hash),
+};
+#undef UCM_PARAM
+
+// Every byte of CtrlParams is in exactly one field of the list, in order:
+// a field added to the struct and not to the list fails here.
+constexpr bool fields_tile_the_struct() {
+  uint32_t next = 0;
+  for (const CtrlParamField& f : kParamFields) {
+    if (f.offset != next || (f.bytes != 4 && f.bytes != 8)) return false;
+    next += f.bytes;
+  }
+  return next == sizeof(CtrlParams);
+}
+static_assert(fields_tile_the_struct(), "ctrl_param_fields() must list every field of CtrlParams, in order");
+
 }  // namespace
+
+uint64_t CtrlParamField::value(const CtrlParams& p) const {
+  const auto* at = reinterpret_cast<const uint8_t*>(&p) + offset;
+  if (bytes == 8) {
+    uint64_t v;
+    std::memcpy(&v, at, 8);
+    return v;
+  }
+  uint32_t v;
+  std::memcpy(&v, at, 4);
+  return v;
+}
+
+std::span<const CtrlParamField> ctrl_param_fields() { return kParamFields; }
+
+std::string ctrl_params_diff(const CtrlParams& have, const CtrlParams& want, const char* have_name,
+                             const char* want_name) {
+  std::string out;
+  for (const CtrlParamField& f : kParamFields) {
+    const uint64_t h = f.value(have), w = f.value(want);
+    if (h == w) continue;
+    char clause[256];
+    std::snprintf(clause, sizeof(clause), "%s: %s has %" PRIu64 ", %s expects %" PRIu64, f.name, have_name, h,
+                  want_name, w);
+    out += (out.empty() ? "" : "; ") + std::string(clause);
+  }
+  return out;
+}
 
 Result validate_ctrl_params(const CtrlParams& p) {
   if (p.slot_bytes == 0) return fail(Result::kInvalidArg, "slot_bytes is 0: a slot must hold at least one byte");
@@ -103,13 +139,7 @@ uint64_t ctrl_fingerprint(const CtrlParams& p) {
   h = fnv1a_u64(h, sizeof(CtrlHeader));
   h = fnv1a_u64(h, sizeof(SlotMeta));
   h = fnv1a_u64(h, sizeof(RankRecord));
-  h = fnv1a_u64(h, p.slot_bytes);
-  h = fnv1a_u64(h, p.regular_slots);
-  h = fnv1a_u64(h, p.reserved_slots);
-  h = fnv1a_u64(h, p.bucket_count);
-  h = fnv1a_u64(h, p.shards_per_block);
-  h = fnv1a_u64(h, p.max_ranks);
-  h = fnv1a_u64(h, static_cast<uint32_t>(p.evict));
+  for (const CtrlParamField& f : kParamFields) h = fnv1a_u64(h, f.value(p));
   return h;
 }
 
@@ -147,7 +177,7 @@ void BufferCtrl::reset() {
   bytes_ = 0;
 }
 
-CtrlParams BufferCtrl::params() const { return params_from_header(header()); }
+CtrlParams BufferCtrl::params() const { return header().params; }
 
 void BufferCtrl::cache_fields() {
   const CtrlHeader& h = header();
@@ -157,13 +187,14 @@ void BufferCtrl::cache_fields() {
   pin_row_bytes_ = h.pin_row_bytes;
   accessed_ = reinterpret_cast<std::atomic<uint8_t>*>(base_ + h.accessed_off);
   stored_ = reinterpret_cast<std::atomic<uint32_t>*>(base_ + h.stored_off);
-  regular_ = h.regular_slots;
-  total_ = h.regular_slots + h.reserved_slots;
-  bucket_mask_ = h.bucket_count - 1;
-  shards_per_block_ = h.shards_per_block;
-  max_ranks_ = h.max_ranks;
-  slot_bytes_ = h.slot_bytes;
-  evict_ = static_cast<EvictMode>(h.evict_mode);
+  const CtrlParams& p = h.params;
+  regular_ = p.regular_slots;
+  total_ = p.regular_slots + p.reserved_slots;
+  bucket_mask_ = p.bucket_count - 1;
+  shards_per_block_ = p.shards_per_block;
+  max_ranks_ = p.max_ranks;
+  slot_bytes_ = p.slot_bytes;
+  evict_ = p.evict;
 }
 
 Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
@@ -189,13 +220,7 @@ Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
   h->header_bytes = sizeof(CtrlHeader);
   h->fingerprint = ctrl_fingerprint(p);
   h->region_bytes = l.region_bytes;
-  h->slot_bytes = p.slot_bytes;
-  h->regular_slots = p.regular_slots;
-  h->reserved_slots = p.reserved_slots;
-  h->bucket_count = p.bucket_count;
-  h->shards_per_block = p.shards_per_block;
-  h->max_ranks = p.max_ranks;
-  h->evict_mode = static_cast<uint32_t>(p.evict);
+  h->params = p;
   h->buckets_off = l.buckets_off;
   h->slots_off = l.slots_off;
   h->pins_off = l.pins_off;
@@ -253,15 +278,32 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
     return fail(Result::kAbiMismatch, "control region has ABI %u, this library speaks ABI %u", h.abi, kCtrlAbi);
   if (h.header_bytes != sizeof(CtrlHeader))
     return fail(Result::kAbiMismatch, "control header is %u bytes, this library's is %zu", h.header_bytes, sizeof(CtrlHeader));
-  const CtrlParams found = params_from_header(h);
+  const CtrlParams found = h.params;
+  CtrlParams want;
+  if (expect) {
+    UCM_CHECK(validate_ctrl_params(*expect));
+    want = resolve_ctrl_params(*expect);
+  }
+  // A corrupt header names the fields that differ from what this rank
+  // expects (when it knows): a flipped bit is then a precise error.
+  const std::string corrupt_fields =
+      expect ? ctrl_params_diff(found, want, "the control header", "this rank") : std::string();
+  const auto corrupt_note = [&] {
+    if (!expect) return std::string();
+    return corrupt_fields.empty() ? std::string("; its parameters are the ones this rank expects")
+                                  : "; " + corrupt_fields;
+  };
   if (validate_ctrl_params(found) != Result::kOk || (found.bucket_count & (found.bucket_count - 1)) != 0 ||
       found.bucket_count == 0)
-    return fail(Result::kCorrupt, "control header holds invalid parameters: %s", last_error().c_str());
+    return fail(Result::kCorrupt, "control header holds invalid parameters: %s%s",
+                found.bucket_count == 0 ? "bucket_count 0 is not resolved" : last_error().c_str(),
+                corrupt_note().c_str());
   const uint64_t fp = ctrl_fingerprint(found);
   if (fp != h.fingerprint)
     return fail(Result::kCorrupt,
-                "control header fingerprint 0x%016" PRIx64 " does not match its own parameters (0x%016" PRIx64 ")",
-                h.fingerprint, fp);
+                "control header fingerprint 0x%016" PRIx64 " does not match its own parameters (0x%016" PRIx64
+                "): the header is corrupt%s",
+                h.fingerprint, fp, corrupt_note().c_str());
   const RegionLayout l = compute_layout(found);
   if (l.region_bytes != h.region_bytes || l.buckets_off != h.buckets_off || l.slots_off != h.slots_off ||
       l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off ||
@@ -270,22 +312,9 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
   if (h.region_bytes > file_bytes)
     return fail(Result::kCorrupt, "control region truncated: the file has %" PRIu64 " bytes, the header says %" PRIu64,
                 file_bytes, h.region_bytes);
-  if (expect) {
-    UCM_CHECK(validate_ctrl_params(*expect));
-    const CtrlParams e = resolve_ctrl_params(*expect);
-#define UCM_CMP_FIELD(f)                                                                                       \
-  if (static_cast<uint64_t>(e.f) != static_cast<uint64_t>(found.f))                                            \
-    return fail(Result::kConfigMismatch, "%s: the control region has %" PRIu64 ", this rank expects %" PRIu64, \
-                #f, static_cast<uint64_t>(found.f), static_cast<uint64_t>(e.f));
-    UCM_CMP_FIELD(slot_bytes)
-    UCM_CMP_FIELD(regular_slots)
-    UCM_CMP_FIELD(reserved_slots)
-    UCM_CMP_FIELD(bucket_count)
-    UCM_CMP_FIELD(shards_per_block)
-    UCM_CMP_FIELD(max_ranks)
-    UCM_CMP_FIELD(evict)
-#undef UCM_CMP_FIELD
-  }
+  if (expect && !corrupt_fields.empty())
+    return fail(Result::kConfigMismatch, "%s",
+                ctrl_params_diff(found, want, "the control region", "this rank").c_str());
   cache_fields();
   return Result::kOk;
 }

@@ -12,27 +12,38 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 
 #include "common/result.h"
 #include "ctrl/layout.h"
 
 namespace ucm {
 
-struct CtrlParams {
-  uint64_t slot_bytes = 0;        // bytes per slot (one shard)
-  uint32_t regular_slots = 0;     // slots CLOCK/ring may evict
-  uint32_t reserved_slots = 0;    // slots only Prealloc uses
-  uint32_t bucket_count = 0;      // 0: the next power of two >= regular + reserved
-  uint32_t shards_per_block = 0;  // shard indexes are < this
-  uint32_t max_ranks = 0;         // local ranks that may attach, 1..kMaxRanks
-  EvictMode evict = EvictMode::kClock;
+// The fields of CtrlParams (layout.h), once: the fingerprint hashes them in
+// this order, and a mismatch or a corruption names them from here. The list
+// covers every byte of the struct (checked at compile time in buffer_ctrl.cpp),
+// so a field added to CtrlParams and forgotten here does not build.
+struct CtrlParamField {
+  const char* name;
+  uint32_t offset;  // offsetof(CtrlParams, field)
+  uint32_t bytes;   // 4 or 8
+  uint64_t value(const CtrlParams& p) const;
 };
+std::span<const CtrlParamField> ctrl_param_fields();
+
+// "" when `have` and `want` agree in every field, else one clause per field
+// that differs, joined by "; ": "regular_slots: <have_name> has 9, <want_name>
+// expects 8".
+std::string ctrl_params_diff(const CtrlParams& have, const CtrlParams& want, const char* have_name,
+                             const char* want_name);
 
 // Checks every field; the error names the bad one and its value.
 [[nodiscard]] Result validate_ctrl_params(const CtrlParams& p);
 // bucket_count resolved (0 -> auto).
 CtrlParams resolve_ctrl_params(const CtrlParams& p);
-// Hash of every parameter all ranks must agree on, and of the ABI.
+// Hash of every field of ctrl_param_fields(), of the ABI and of the shared
+// structs' sizes.
 uint64_t ctrl_fingerprint(const CtrlParams& resolved);
 
 class BufferCtrl {

@@ -44,7 +44,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 9;
+constexpr uint32_t kCtrlAbi = 10;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -148,32 +148,50 @@ inline StoreState stored_state(uint32_t sw, uint32_t w) {
 
 // ---- structs ------------------------------------------------------------------
 
+// The layout parameters: everything that decides where a byte of the region
+// lies and what the slots mean. One struct, copied whole into the header
+// (below), into the boot socket's PlaneDescriptor (boot/fd_exchange.h) and
+// out of them; ctrl_param_fields() (buffer_ctrl.h) lists its fields once for
+// the fingerprint and for the field-by-field mismatch message. Layout is ABI.
+struct CtrlParams {
+  uint64_t slot_bytes = 0;             // bytes per slot (one shard)
+  uint32_t regular_slots = 0;          // slots CLOCK/ring may evict
+  uint32_t reserved_slots = 0;         // slots only Prealloc uses
+  uint32_t bucket_count = 0;           // 0: the next power of two >= regular + reserved
+  uint32_t shards_per_block = 0;       // shard indexes are < this
+  uint32_t max_ranks = 0;              // local ranks that may attach, 1..kMaxRanks
+  EvictMode evict = EvictMode::kClock;  // uint32_t on the wire
+  // A hash of every layout row of the tunables table (api/config.h,
+  // tunables_layout_hash): rows that the planes do not spell out above
+  // (order, wait, liveness, the backend...) but every rank of a node must
+  // agree on. 0 for callers without a configuration (tests, benchmarks).
+  uint64_t tunables_hash = 0;
+};
+static_assert(sizeof(CtrlParams) == 40, "CtrlParams is ABI: no padding, fixed-width fields");
+static_assert(sizeof(EvictMode) == 4);
+static_assert(offsetof(CtrlParams, tunables_hash) == 32);
+
 // Written once by the creator. `magic` last: attach refuses a region without it.
 struct alignas(64) CtrlHeader {
   uint64_t magic;             // creator, written last (release): "ready"
   uint32_t abi;               // creator: kCtrlAbi; attach refuses a mismatch
   uint32_t header_bytes;      // creator: sizeof(CtrlHeader) as compiled there
-  uint64_t fingerprint;       // creator: hash of every layout parameter below
+  uint64_t fingerprint;       // creator: ctrl_fingerprint(params)
   uint64_t region_bytes;      // creator: size of the whole region
-  uint64_t slot_bytes;        // creator: bytes of one shard/slot in the data plane
-  uint32_t regular_slots;     // creator
-  uint32_t reserved_slots;    // creator
-  uint32_t bucket_count;      // creator: a power of two
-  uint32_t shards_per_block;  // creator
-  uint32_t max_ranks;         // creator: local ranks that may attach (<= kMaxRanks)
-  uint32_t evict_mode;        // creator: EvictMode
+  CtrlParams params;          // creator: resolved (bucket_count a power of two)
   uint64_t buckets_off;       // creator: offsets from the region base
   uint64_t slots_off;
   uint64_t pins_off;
   uint64_t pin_row_bytes;     // creator: bytes between two ranks' pin rows
   uint64_t accessed_off;
   uint64_t stored_off;
-  uint8_t reserved_[16];
+  uint8_t reserved_[8];
 };
 static_assert(sizeof(CtrlHeader) == 128);
 static_assert(offsetof(CtrlHeader, magic) == 0);
 static_assert(offsetof(CtrlHeader, fingerprint) == 16);
-static_assert(offsetof(CtrlHeader, buckets_off) == 64);
+static_assert(offsetof(CtrlHeader, params) == 32);
+static_assert(offsetof(CtrlHeader, buckets_off) == 72);
 
 // Node-wide mutable state, one cache line per writer-hot field.
 struct alignas(64) CtrlGlobals {

@@ -48,6 +48,22 @@ int main(void) {
   CHECK(ucm_config_check(&cfg) == UCM_ERR_INVALID_ARG);
   CHECK(strstr(ucm_last_error(NULL), "shard_bytes") != NULL);
 
+  /* Result values are ABI: append only, never renumber. These are the
+   * values of 0.1; a new result goes after UCM_ERR_UNKNOWN_TASK. */
+  CHECK(UCM_OK == 0 && UCM_ERR_INVALID_ARG == 1 && UCM_ERR_NO_MEMORY == 2 && UCM_ERR_NO_SPACE == 3);
+  CHECK(UCM_ERR_TIMEOUT == 4 && UCM_ERR_BACKEND == 5 && UCM_ERR_NOT_FOUND == 6 && UCM_ERR_BAD_STATE == 7);
+  CHECK(UCM_ERR_CORRUPT == 8 && UCM_ERR_ABI_MISMATCH == 9 && UCM_ERR_CONFIG_MISMATCH == 10);
+  CHECK(UCM_ERR_SYSTEM == 11 && UCM_ERR_PEER_DEAD == 12 && UCM_ERR_UNSUPPORTED == 13 && UCM_ERR_BUSY == 14);
+  CHECK(UCM_ERR_FINALIZED == 15 && UCM_ERR_BAD_HANDLE == 16 && UCM_ERR_DUPLICATE_KEY == 17);
+  CHECK(UCM_ERR_DEVICE == 18 && UCM_ERR_INTERNAL == 19 && UCM_ERR_NULL_POINTER == 20);
+  CHECK(UCM_ERR_OUT_OF_RANGE == 21 && UCM_ERR_EMPTY == 22 && UCM_ERR_TOO_LARGE == 23 && UCM_ERR_UNKNOWN_TASK == 24);
+  /* So are the config's enum values (a caller stores them in ucm_config_t). */
+  CHECK(UCM_ORDER_ROTATE == 0 && UCM_ORDER_NATURAL == 1 && UCM_EVICT_CLOCK == 0 && UCM_EVICT_RING == 1);
+  CHECK(UCM_WAIT_FUTEX == 0 && UCM_WAIT_POLL == 1);
+  CHECK(UCM_HUGEPAGES_AUTO == 0 && UCM_HUGEPAGES_ON == 1 && UCM_HUGEPAGES_OFF == 2);
+  CHECK(UCM_COPY_ENGINE_AUTO == 0 && UCM_COPY_ENGINE_CUDA == 1 && UCM_COPY_ENGINE_HOST == 2 &&
+        UCM_COPY_ENGINE_ASYNC_TEST == 3);
+
   memset(&stats, 0, sizeof(stats));
   memset(&info, 0, sizeof(info));
   CHECK(sizeof(stats.struct_bytes) == 4 && sizeof(info.struct_bytes) == 4);

@@ -252,3 +252,72 @@ TEST(ConfigTable, TheAgreementAndThePrintedConfigComeFromTheTable) {
 }
 
 }  // namespace
+
+namespace {
+
+// Another value of row t than c has, keeping the config valid.
+void change(ucm_config_t* c, const ucm::Tunable& t) {
+  const int64_t v = ucm::tunable_value(*c, t);
+  switch (t.type) {
+    case ucm::TunableType::kString: {
+      char* s = reinterpret_cast<char*>(c) + t.offset;
+      ASSERT_STREQ(s, "sim:latency_us=0");
+      std::snprintf(s, t.bytes, "sim:latency_us=1");
+      return;
+    }
+    case ucm::TunableType::kDevice:
+      poke(c, t, v == UCM_DEVICE_AUTO ? 0 : v + 1);
+      return;
+    case ucm::TunableType::kSize:
+      poke(c, t, v * 2 <= t.hi ? v * 2 : v / 2);
+      return;
+    default:
+      poke(c, t, v + 1 <= t.hi ? v + 1 : v - 1);
+      return;
+  }
+}
+
+}  // namespace
+
+// The control header's fingerprint covers the whole table: a config that
+// differs from another in any layout row (one added later too) gives other
+// control parameters, so a rank with it cannot attach to the other's planes
+// and is told which parameter; a row that is no layout row changes nothing.
+TEST(ConfigTable, EveryLayoutRowShapesTheControlFingerprintAndNoOtherRowDoes) {
+  size_t n = 0;
+  const ucm::Tunable* table = ucm::tunables(&n);
+  const ucm_config_t c = valid_config();
+  ucm::CtrlParams pc;
+  ucm::DataParams dc;
+  ASSERT_EQ(ucm::layout_from_config(c, 2, &pc, &dc), ucm::Result::kOk) << ucm::last_error();
+  EXPECT_EQ(pc.tunables_hash, ucm::tunables_layout_hash(c));
+  ucm::BufferCtrl ctrl;
+  ASSERT_EQ(ucm::BufferCtrl::create(pc, &ctrl), ucm::Result::kOk) << ucm::last_error();
+  int layout_rows = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Tunable& t = table[i];
+    SCOPED_TRACE(t.name);
+    ucm_config_t d = c;
+    change(&d, t);
+    ASSERT_NE(ucm::tunable_text(d, t), ucm::tunable_text(c, t));
+    ASSERT_EQ(ucm::check_config(d), ucm::Result::kOk) << ucm::last_error();
+    ucm::CtrlParams pd;
+    ucm::DataParams dd;
+    ASSERT_EQ(ucm::layout_from_config(d, 2, &pd, &dd), ucm::Result::kOk) << ucm::last_error();
+    const uint64_t fc = ucm::ctrl_fingerprint(ucm::resolve_ctrl_params(pc));
+    const uint64_t fd = ucm::ctrl_fingerprint(ucm::resolve_ctrl_params(pd));
+    if (!t.layout) {
+      EXPECT_EQ(pd.tunables_hash, pc.tunables_hash);
+      EXPECT_EQ(fd, fc);
+      continue;
+    }
+    ++layout_rows;
+    EXPECT_NE(pd.tunables_hash, pc.tunables_hash);
+    EXPECT_NE(fd, fc);
+    ucm::BufferCtrl other;
+    EXPECT_EQ(ucm::BufferCtrl::attach(ctrl.fd(), &pd, &other), ucm::Result::kConfigMismatch);
+    EXPECT_TRUE(contains(ucm::last_error().c_str(), "tunables_hash: the control region has"))
+        << ucm::last_error();
+  }
+  EXPECT_EQ(layout_rows, ucm::AgreementRecord::kFields);
+}

@@ -244,7 +244,8 @@ TEST(BootSocket, AServerThatNeverListensIsATimeoutNamingIt) {
 }
 
 // A fake rank 0 that answers the hello with `reply` (and maybe an fd).
-Result fetch_from_liar(const std::function<void(int conn, uint64_t nonce)>& reply) {
+Result fetch_from_liar(const std::function<void(int conn, uint64_t nonce)>& reply,
+                       const PlaneExpectation* expect = nullptr) {
   const uint64_t nonce = random_nonce();
   int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
@@ -264,7 +265,7 @@ Result fetch_from_liar(const std::function<void(int conn, uint64_t nonce)>& repl
   });
   PlaneDescriptor d{};
   std::vector<int> fds;
-  const Result r = fetch_planes(nonce, 1, true, rank0(getpid()), deadline_after_ms(5000), &d, &fds);
+  const Result r = fetch_planes(nonce, 1, true, rank0(getpid()), deadline_after_ms(5000), &d, &fds, expect);
   liar.join();
   close(s);
   EXPECT_TRUE(fds.empty()) << "no fd is kept from a bad exchange";
@@ -335,6 +336,71 @@ TEST(BootSocket, ADescriptorWhoseCountsWrapIsCorrupt) {
             }),
             Result::kCorrupt);
   EXPECT_NE(last_error().find("4294967295 segments"), std::string::npos) << last_error();
+}
+
+// A first Grant carrying `d` and no fd (d announces only the control fd).
+void send_descriptor(int c, uint64_t nonce, PlaneDescriptor d) {
+  WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, 2, sizeof(PlaneDescriptor), 0, 0};
+  d.segment_count = 0;
+  d.store_fds = 0;
+  d.total_fds = 1;
+  uint8_t buf[sizeof(h) + sizeof(d)];
+  std::memcpy(buf, &h, sizeof(h));
+  std::memcpy(buf + sizeof(h), &d, sizeof(d));
+  (void)send(c, buf, sizeof(buf), MSG_NOSIGNAL);
+}
+
+PlaneExpectation expectation_of(const Planes& p) {
+  PlaneExpectation e;
+  e.ctrl = p.ctrl.params();
+  e.segment_bytes = p.dp.segment_bytes;
+  e.data_total_slots = p.dp.total_slots;
+  return e;
+}
+
+// Each layout field flipped on the wire: the peer names it, as a corruption.
+TEST(BootSocket, ADescriptorWithAFlippedFieldIsCorruptNamingTheField) {
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  const PlaneDescriptor good = describe_planes(p.ctrl, p.dp, p.data);
+  EXPECT_EQ(good.ctrl_fingerprint, p.ctrl.header().fingerprint) << "the descriptor carries the header's parameters";
+  const PlaneExpectation expect = expectation_of(p);
+  for (const CtrlParamField& f : ctrl_param_fields()) {
+    SCOPED_TRACE(f.name);
+    PlaneDescriptor bad = good;
+    reinterpret_cast<uint8_t*>(&bad.ctrl)[f.offset] ^= 1;
+    EXPECT_EQ(fetch_from_liar([&](int c, uint64_t nonce) { send_descriptor(c, nonce, bad); }, &expect),
+              Result::kCorrupt);
+    const std::string want = std::string(f.name) + ": the boot descriptor from local rank 0 has " +
+                             std::to_string(f.value(bad.ctrl)) + ", this rank expects " +
+                             std::to_string(f.value(good.ctrl));
+    EXPECT_NE(last_error().find(want), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find("is corrupt"), std::string::npos) << last_error();
+  }
+  // Without an expectation the fingerprint still catches it.
+  PlaneDescriptor bad = good;
+  bad.ctrl.regular_slots += 1;
+  EXPECT_EQ(fetch_from_liar([&](int c, uint64_t nonce) { send_descriptor(c, nonce, bad); }), Result::kCorrupt);
+  EXPECT_NE(last_error().find("does not match its parameters"), std::string::npos) << last_error();
+}
+
+// A sound descriptor for other planes than this rank's config gives.
+TEST(BootSocket, ADescriptorForOtherPlanesIsAMismatchNamingEachField) {
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  const PlaneDescriptor good = describe_planes(p.ctrl, p.dp, p.data);
+  PlaneExpectation expect = expectation_of(p);
+  expect.ctrl.shards_per_block += 1;
+  expect.segment_bytes *= 2;
+  EXPECT_EQ(fetch_from_liar([&](int c, uint64_t nonce) { send_descriptor(c, nonce, good); }, &expect),
+            Result::kConfigMismatch);
+  EXPECT_NE(last_error().find("shards_per_block: the boot descriptor from local rank 0 has 16, this rank expects 17"),
+            std::string::npos)
+      << last_error();
+  EXPECT_NE(last_error().find("segment_bytes: the boot descriptor from local rank 0 has 65536, this rank expects "
+                              "131072"),
+            std::string::npos)
+      << last_error();
 }
 
 // ---- who serves the socket ------------------------------------------------

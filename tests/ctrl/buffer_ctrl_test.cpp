@@ -98,10 +98,69 @@ TEST(CtrlHeader, ACorruptedParameterIsCaughtByTheFingerprint) {
   BufferCtrl c;
   ASSERT_EQ(BufferCtrl::create(params(8), &c), Result::kOk);
   void* m;
-  writable_header(c, &m)->regular_slots = 9;
+  writable_header(c, &m)->params.regular_slots = 9;
   EXPECT_EQ(attach_result(c.fd()), Result::kCorrupt);
   EXPECT_TRUE(error_has("does not match its own parameters")) << last_error();
   munmap(m, c.region_bytes());
+}
+
+// Flips the lowest bit of field f of the parameters at `p`.
+void flip(CtrlParams* p, const CtrlParamField& f) { reinterpret_cast<uint8_t*>(p)[f.offset] ^= 1; }
+
+// Every field of the parameters, flipped in the header: a rank that knows
+// what it expects names that field (and only it), as a corruption.
+TEST(CtrlHeader, EachFlippedParameterIsNamedByARankThatKnowsWhatToExpect) {
+  ASSERT_EQ(ctrl_param_fields().size(), 8u);
+  for (const CtrlParamField& f : ctrl_param_fields()) {
+    SCOPED_TRACE(f.name);
+    BufferCtrl c;
+    CtrlParams p = resolve_ctrl_params(params(8, 2, 64, 4));
+    p.tunables_hash = 0x1234;
+    ASSERT_EQ(BufferCtrl::create(p, &c), Result::kOk) << last_error();
+    void* m;
+    flip(&writable_header(c, &m)->params, f);
+    EXPECT_EQ(attach_result(c.fd(), &p), Result::kCorrupt);
+    EXPECT_TRUE(error_has((std::string(f.name) + ": the control header has " +
+                           std::to_string(f.value(p) ^ 1) + ", this rank expects " + std::to_string(f.value(p)))
+                              .c_str()))
+        << last_error();
+    for (const CtrlParamField& g : ctrl_param_fields())
+      if (&g != &f) {
+        EXPECT_FALSE(error_has((std::string(g.name) + ":").c_str())) << last_error();
+      }
+    munmap(m, c.region_bytes());
+  }
+}
+
+TEST(CtrlHeader, AFlippedFingerprintOverSoundParametersSaysTheParametersAreSound) {
+  BufferCtrl c;
+  const CtrlParams p = params(8);
+  ASSERT_EQ(BufferCtrl::create(p, &c), Result::kOk);
+  void* m;
+  writable_header(c, &m)->fingerprint ^= 1;
+  EXPECT_EQ(attach_result(c.fd(), &p), Result::kCorrupt);
+  EXPECT_TRUE(error_has("its parameters are the ones this rank expects")) << last_error();
+  munmap(m, c.region_bytes());
+}
+
+// The one list of fields: each one feeds the fingerprint and is named by a
+// difference; nothing else is.
+TEST(CtrlParamsFields, EveryFieldFeedsTheFingerprintAndIsNamedAlone) {
+  CtrlParams base = resolve_ctrl_params(params(100, 10, 4096, 8, 3, EvictMode::kRing));
+  base.tunables_hash = 77;
+  uint32_t covered = 0;
+  for (const CtrlParamField& f : ctrl_param_fields()) {
+    SCOPED_TRACE(f.name);
+    covered += f.bytes;
+    CtrlParams other = base;
+    flip(&other, f);
+    EXPECT_NE(ctrl_fingerprint(other), ctrl_fingerprint(base));
+    const std::string diff = ctrl_params_diff(other, base, "A", "B");
+    EXPECT_EQ(diff, std::string(f.name) + ": A has " + std::to_string(f.value(other)) + ", B expects " +
+                        std::to_string(f.value(base)));
+  }
+  EXPECT_EQ(covered, sizeof(CtrlParams));
+  EXPECT_EQ(ctrl_params_diff(base, base, "A", "B"), "");
 }
 
 TEST(CtrlHeader, AnOffsetThatDisagreesWithTheParametersIsRefused) {
@@ -173,7 +232,12 @@ TEST(CtrlHeader, MismatchedExpectationNamesTheFieldAndBothValues) {
   EXPECT_TRUE(error_has("slot_bytes: the control region has 4096, this rank expects 8192")) << last_error();
   other = params(8, 0, 4096, 16, 4, EvictMode::kRing);
   EXPECT_EQ(attach_result(c.fd(), &other), Result::kConfigMismatch);
-  EXPECT_TRUE(error_has("evict")) << last_error();
+  EXPECT_TRUE(error_has("evict: the control region has 0, this rank expects 1")) << last_error();
+  // A layout tunable the struct does not spell out (api/config.h).
+  other = params(8, 0, 4096);
+  other.tunables_hash = 5;
+  EXPECT_EQ(attach_result(c.fd(), &other), Result::kConfigMismatch);
+  EXPECT_TRUE(error_has("tunables_hash: the control region has 0, this rank expects 5")) << last_error();
 }
 
 TEST(CtrlParamsCheck, EveryBadValueIsNamed) {

@@ -32,15 +32,15 @@ trap 'rm -rf "$stage"' EXIT
 "$meson" install -C "$build_root" --no-rebuild --quiet --destdir "$stage/root" \
   > "$stage/install.log" 2>&1 || { cat "$stage/install.log" >&2; fail "meson install"; }
 
-pc=$(find "$stage/root" -name ucmcache.pc -path '*/pkgconfig/*' | head -n 1)
+pc=$(find "$stage/root" -name ucmcache.pc -path '*/pkgconfig/*' -print -quit)
 [[ -n "$pc" ]] || fail "no ucmcache.pc installed under $stage/root"
-header=$(find "$stage/root" -path '*/include/ucmcache/ucm.h' | head -n 1)
+header=$(find "$stage/root" -path '*/include/ucmcache/ucm.h' -print -quit)
 [[ -n "$header" ]] || fail "ucmcache/ucm.h not installed"
 echo "installed: ${pc#"$stage/root"}"
 echo "installed: ${header#"$stage/root"}"
 if [[ "$man" == man ]]; then
   for page in man1/ucm_info.1 man7/ucmcache.7; do
-    found=$(find "$stage/root" -path "*/share/man/$page" | head -n 1)
+    found=$(find "$stage/root" -path "*/share/man/$page" -print -quit)
     [[ -n "$found" ]] || fail "man page $page not installed"
     echo "installed: ${found#"$stage/root"}"
   done
@@ -52,7 +52,7 @@ fi
 # (PKG_CONFIG_SYSROOT_DIR would also re-root the system packages ucmcache.pc
 # requires, such as mpi-c.) System .pc files stay on the search path.
 grep -q '^prefix=' "$pc" || fail "ucmcache.pc has no prefix= line"
-prefix=$(sed -n 's/^prefix=//p' "$pc" | head -n 1)
+prefix=$(sed -n '/^prefix=/{s///p;q}' "$pc")
 echo "ucmcache.pc (prefix $prefix):"
 sed 's/^/  | /' "$pc"
 mkdir -p "$stage/pc"
@@ -84,7 +84,8 @@ if [[ "$sanitize" != "none" && -n "$sanitize" ]]; then
 fi
 
 # shellcheck disable=SC2086  # pkg-config output is a list of words
-"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror "${san_flags[@]}" \
+# C99 with -pedantic-errors: the installed header must be plain C99.
+"$cc" -std=c99 -pedantic-errors -Wall -Wextra -Werror "${san_flags[@]}" \
   $cflags "$here/consumer.c" -o "$stage/consumer" $libs \
   || fail "compiling consumer.c against the installed copy"
 
@@ -100,7 +101,7 @@ grep -qx "result UCM_ERR_NO_SPACE: .*" <<<"$out" || fail "consumer did not print
 
 # --- the CMake package
 [[ "$cmake" != none ]] || { echo "install_test: ok (no cmake: CMake package not checked)"; exit 0; }
-cfg=$(find "$stage/root" -path '*/cmake/ucmcache/ucmcacheConfig.cmake' | head -n 1)
+cfg=$(find "$stage/root" -path '*/cmake/ucmcache/ucmcacheConfig.cmake' -print -quit)
 [[ -n "$cfg" ]] || fail "no cmake/ucmcache/ucmcacheConfig.cmake installed"
 [[ -f "$(dirname "$cfg")/ucmcacheConfigVersion.cmake" ]] || fail "no ucmcacheConfigVersion.cmake beside $cfg"
 echo "installed: ${cfg#"$stage/root"}"

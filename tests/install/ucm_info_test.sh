@@ -28,11 +28,15 @@ for k in mpi hwloc cuda nccl nvtx; do
   grep -Eqx "build:$k:(yes|no)" "$tmp/v" || fail "-v --parsable lacks build:$k:yes|no"
 done
 grep -Eq "^build:compiler:.+" "$tmp/v" || fail "-v --parsable lacks build:compiler"
-run "$info" -v | grep -q "^ucmcache $version\$" || fail "-v does not print 'ucmcache $version'"
+# Output first, then grep: under pipefail, `cmd | grep -q` fails at random
+# when grep exits before cmd has written everything (SIGPIPE).
+human_v=$(run "$info" -v)
+grep -q "^ucmcache $version\$" <<<"$human_v" || fail "-v does not print 'ucmcache $version'"
 
 # nccl_built means the library calls NCCL: the report and the library's
 # undefined symbols agree.
-if "$nm" -D --undefined-only "$lib" | grep -q ' nccl'; then calls=yes; else calls=no; fi
+undefined=$("$nm" -D --undefined-only "$lib")
+if grep -q ' nccl' <<<"$undefined"; then calls=yes; else calls=no; fi
 grep -qx "build:nccl:$calls" "$tmp/v" \
   || fail "ucm_info says $(grep '^build:nccl:' "$tmp/v"), the library calling NCCL: $calls"
 
@@ -59,13 +63,25 @@ grep -qx "tunable:UCM_SHARD_BYTES:source:environment" "$tmp/c" || fail "UCM_SHAR
 grep -qx "tunable:UCM_ORDER:value:natural" "$tmp/c" || fail "UCM_ORDER=natural is not value natural"
 grep -qx "tunable:UCM_CACHE_BYTES:source:default" "$tmp/c" || fail "unset UCM_CACHE_BYTES is not source default"
 grep -q "^tunable:[^:]*:help:" "$tmp/c" && fail "-c printed help text (only -f does)"
+# What a script needs to check its own settings: type, values, layout.
+for v in $vars; do
+  for f in type values layout; do
+    grep -q "^tunable:$v:$f:." "$tmp/c" || fail "-c --parsable lacks tunable:$v:$f"
+  done
+done
+grep -qx "tunable:UCM_ORDER:values:rotate|natural" "$tmp/c" || fail "UCM_ORDER's values are not rotate|natural"
+grep -qx "tunable:UCM_ORDER:layout:yes" "$tmp/c" || fail "UCM_ORDER is not a layout tunable"
+grep -qx "tunable:UCM_TIMEOUT_MS:layout:no" "$tmp/c" || fail "UCM_TIMEOUT_MS is a layout tunable"
+grep -qx "tunable:UCM_SHARD_BYTES:type:size" "$tmp/c" || fail "UCM_SHARD_BYTES is not of type size"
 
 # --- -f: the same with help text for every variable
 run "$info" -f --parsable > "$tmp/f" || fail "-f --parsable exited $?"
 for v in $vars; do
   grep -Eq "^tunable:$v:help:.{10,}" "$tmp/f" || fail "-f gives $v no help text"
 done
-run "$info" -f | grep -Eq "^UCM_SHARD_BYTES +=" || fail "-f (human) has no UCM_SHARD_BYTES row"
+human_f=$(run "$info" -f)
+grep -Eq "^UCM_SHARD_BYTES +=" <<<"$human_f" || fail "-f (human) has no UCM_SHARD_BYTES row"
+grep -Eq "^    values: rotate\|natural$" <<<"$human_f" || fail "-f (human) does not give UCM_ORDER's values"
 
 # --- a bad value is an error naming it
 if run env UCM_SHARD_BYTES=abc "$info" -c > "$tmp/bad" 2>&1; then fail "UCM_SHARD_BYTES=abc: -c exited 0"; fi

@@ -290,6 +290,20 @@ TEST_F(Api, ANullRequiredPointerIsNullPointerEverywhere) {
   EXPECT_TRUE(contains(msg(cache), "info is NULL")) << msg(cache);
   int* no_flag = nullptr;
   EXPECT_EQ(ucm_task_test(cache, 1, no_flag), UCM_ERR_NULL_POINTER);
+  // Every call that takes an array or an output, in one place.
+  ucm_task_t t = 0;
+  EXPECT_EQ(ucm_load_task(cache, nullptr, 1, &t), UCM_ERR_NULL_POINTER) << msg(cache);
+  EXPECT_EQ(ucm_dump_task(cache, nullptr, 1, &t), UCM_ERR_NULL_POINTER) << msg(cache);
+  uint8_t byte = 0;
+  ucm_dump_entry_t d{};
+  d.src = &byte;
+  EXPECT_EQ(ucm_dump_task(cache, &d, 1, nullptr), UCM_ERR_NULL_POINTER) << msg(cache);
+  EXPECT_EQ(ucm_touch(cache, nullptr, 1), UCM_ERR_NULL_POINTER) << msg(cache);
+  ucm_key_t k{};
+  uint8_t where = 0;
+  EXPECT_EQ(ucm_lookup(cache, nullptr, 1, &where), UCM_ERR_NULL_POINTER) << msg(cache);
+  EXPECT_EQ(ucm_lookup(cache, &k, 1, nullptr), UCM_ERR_NULL_POINTER) << msg(cache);
+  EXPECT_EQ(ucm_get_version(nullptr), UCM_ERR_NULL_POINTER);
   EXPECT_EQ(ucm_cache_finalize(nullptr), UCM_ERR_NULL_POINTER);
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);

@@ -1,21 +1,31 @@
-# Spack recipe for ucmcache, kept in the source tree:
+# Spack recipe for ucmcache, kept in the source tree. It builds the checkout
+# it sits in (this file is packaging/spack/packages/ucmcache/package.py under
+# the source root): the project is not published anywhere to fetch from, so
+# the recipe names no web address.
 #
 #   spack repo add packaging/spack
-#   spack install ucmcache@main +cuda +hwloc ^openmpi
+#   spack install ucmcache@main +cuda +hwloc ^openmpi   # the checkout's main branch
+#   spack develop --path "$PWD" ucmcache@main           # or its working tree, edits included
 #
 # Each variant is a feature option of meson_options.txt with the same name;
-# every other option is passed explicitly. tests/install/spack_test.py checks
-# both against meson_options.txt.
+# every other option is passed explicitly. tests/install/spack_test.py loads
+# this recipe and checks both against meson_options.txt, and that its source
+# is this checkout.
+import os
+
 from spack.package import *
+
+# The source root: four directories up from this file.
+CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
 
 
 class Ucmcache(MesonPackage):
     """Node-shared host-memory cache of KV-cache shards for multi-GPU MPI
     inference: a C++20 library with a C API."""
 
-    # Placeholders: set them to where the project is published.
-    homepage = "https://github.com/ucmcache/ucmcache"
-    git = "https://github.com/ucmcache/ucmcache.git"
+    # The checkout's own README and git repository.
+    homepage = "file://" + os.path.join(CHECKOUT, "README.md")
+    git = "file://" + CHECKOUT
 
     license("Apache-2.0")
 
