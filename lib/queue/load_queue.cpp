@@ -10,6 +10,8 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "ctrl/layout.h"
+#include "ctrl/protect.h"
+#include "sync/futex.h"
 #include "queue/rearrange.h"
 
 namespace ucm {
@@ -17,7 +19,6 @@ namespace {
 
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
 constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
-constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's deferred entries
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
@@ -81,6 +82,11 @@ void LoadQueue::stop() {
   copier_cv_.notify_all();
   io_cv_.notify_all();
   if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
+  if (deferring_.load(std::memory_order_seq_cst)) {  // our dispatcher sleeps on the defer bell
+    std::atomic<uint32_t>& bell = cache_->ctrl().globals().defer_bell;
+    bell.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&bell, kWakeAll);
+  }
   if (dispatcher_.joinable()) dispatcher_.join();
   if (copier_.joinable()) copier_.join();
 }
@@ -179,11 +185,38 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
   // The peers' strides: a rank that arrives first would otherwise own every
   // shard its peers have not asked for yet, and the node's loads would run
   // from one rank. So a peer's entry waits (at most owner_grace) until some
-  // rank loads it; only what nobody took by then is ours to load.
+  // rank loads it; only what nobody took by then is ours to load. While it
+  // waits, the dispatcher sleeps on the node's defer bell, which a rank that
+  // starts serving a key rings when someone defers (ctrl/protect.h).
   std::vector<uint32_t> deferred(order.begin() + static_cast<long>(own), order.end());
   const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  const uint32_t my_bit = 1u << opts_.local_rank;
+  bool announced = false;
+  uint64_t sleep_cpu0 = 0, sleep_wall0 = 0;  // at the first sleep of this task
+  auto end_deferral = [&] {
+    if (!announced) return;
+    globals.deferring.fetch_and(~my_bit, std::memory_order_relaxed);
+    deferring_.store(false, std::memory_order_relaxed);
+    if (sleep_wall0 != 0) {
+      defer_cpu_ns_.fetch_add(thread_cpu_ns() - sleep_cpu0, std::memory_order_relaxed);
+      defer_wall_ns_.fetch_add(now_ns() - sleep_wall0, std::memory_order_relaxed);
+    }
+  };
   while (!deferred.empty()) {
-    const bool expired = now_ns() >= grace_end;
+    const bool expired = now_ns() >= grace_end || stopping();
+    uint32_t bell = 0;
+    if (!expired) {
+      // Announce, then read the bell, then look (protect.h: a peer that
+      // starts serving a key after our look sees the bit and rings).
+      if (!announced) {
+        announced = true;
+        deferring_.store(true, std::memory_order_seq_cst);
+        globals.deferring.fetch_or(my_bit, std::memory_order_seq_cst);
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      bell = globals.defer_bell.load(std::memory_order_seq_cst);
+    }
     size_t kept = 0;
     for (size_t n = 0; n < deferred.size(); ++n) {
       const uint32_t i = deferred[n];
@@ -194,12 +227,24 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
       if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
         std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
         rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
+        end_deferral();
         return fail_rest(t, rest, 0);
       }
     }
+    const bool moved = kept != deferred.size();
     deferred.resize(kept);
-    if (!deferred.empty()) sleep_for_ns(kDeferNapNs);
+    if (deferred.empty() || expired || moved) continue;
+    // Nothing of the rest is served yet: sleep until a peer serves a key,
+    // the grace ends, or the stop check is due (each wait is bounded).
+    if (sleep_wall0 == 0) {
+      sleep_wall0 = now_ns();
+      sleep_cpu0 = thread_cpu_ns();
+    }
+    defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
+    if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
   }
+  end_deferral();
   if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
 }
 
