@@ -18,10 +18,15 @@ namespace ucm {
 namespace {
 
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
+constexpr size_t kBatchMax = 32;                // dispatcher entries handed to the copier at once, at most
 constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
+
+// The queue whose dispatcher runs on this thread: get() and start_load()
+// also run on the copier, which holds no batch.
+thread_local const void* t_dispatching = nullptr;
 
 // I/Os past their deadline whose store has not completed them yet. A store
 // stuck in the kernel may complete one at any time (or never, if finalize left
@@ -77,6 +82,7 @@ void LoadQueue::stop() {
     std::lock_guard<std::mutex> g(mu_);
     if (stopping_ && !dispatcher_.joinable()) return;
     stopping_ = true;
+    stop_flag_.store(true, std::memory_order_release);
   }
   pending_cv_.notify_all();
   copier_cv_.notify_all();
@@ -124,14 +130,26 @@ bool LoadQueue::task_pending() {
   return !pending_.empty() || stopping_;
 }
 
-bool LoadQueue::stopping() {
-  std::lock_guard<std::mutex> g(mu_);
-  return stopping_;
+// Without the lock: every entry asks, and stop() sets the flag under it.
+bool LoadQueue::stopping() { return stop_flag_.load(std::memory_order_acquire); }
+
+void LoadQueue::flush_batch() {
+  if (batch_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (Item& it : batch_) items_.push_back(std::move(it));
+  }
+  batch_.clear();
+  handoffs_.fetch_add(1, std::memory_order_relaxed);
+  copier_cv_.notify_one();
+  // A copier asleep on the doorbell (copier_main) hears of new work by it.
+  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
 }
 
 // ---- dispatcher -----------------------------------------------------------------
 
 void LoadQueue::dispatcher_main() {
+  t_dispatching = this;
   if (bind_this_thread(placement_, ThreadRole::kDispatcher) != Result::kOk)
     UCM_WARN("dispatcher of rank %u: %s", opts_.local_rank, last_error().c_str());
   for (;;) {
@@ -162,6 +180,8 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
       return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned)",
                   key_text(k).c_str());
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
+    // Our copier frees what it copies: it must have every entry we hold.
+    if (t_dispatching == this) flush_batch();
     sleep_for_ns(opts_.no_space_backoff_ns);
   }
 }
@@ -179,9 +199,13 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     while (own < order.size() && order[own] % opts_.local_size == opts_.local_rank) ++own;
   }
   for (size_t n = 0; n < own; ++n) {
-    if (!dispatch_entry(t, order[n])) return fail_rest(t, order, n + 1);
+    if (!dispatch_entry(t, order[n])) {
+      flush_batch();
+      return fail_rest(t, order, n + 1);
+    }
     if (!opts_.rotate) wait_legacy_step(*t, entries.size() - (n + 1));
   }
+  flush_batch();  // our stride: one lock and one wake for all of it
   // The peers' strides: a rank that arrives first would otherwise own every
   // shard its peers have not asked for yet, and the node's loads would run
   // from one rank. So a peer's entry waits (at most owner_grace) until some
@@ -228,11 +252,13 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
         std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
         rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
         end_deferral();
+        flush_batch();
         return fail_rest(t, rest, 0);
       }
     }
     const bool moved = kept != deferred.size();
     deferred.resize(kept);
+    flush_batch();
     if (deferred.empty() || expired || moved) continue;
     // Nothing of the rest is served yet: sleep until a peer serves a key,
     // the grace ends, or the stop check is due (each wait is bounded).
@@ -254,6 +280,7 @@ void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
   // through the task in lockstep with one backend load per step (seed 2.1).
   // Reproduced here so the study's control group behaves like the old code;
   // it polls, as the old code did.
+  flush_batch();
   while (t.remaining() > left && !stopping()) sleep_for_ns(kLegacyStepNapNs);
 }
 
@@ -314,13 +341,10 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
     }
     g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    items_.push_back(Item{t, i, g.slot, g.word, 0});
-  }
-  copier_cv_.notify_one();
-  // A copier asleep on the doorbell (copier_main) hears of new work by it.
-  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
+  // Handed over in batches (flush_batch): one lock and one wake for many
+  // entries, and never held back while the dispatcher waits for anything.
+  batch_.push_back(Item{t, i, g.slot, g.word, 0});
+  if (batch_.size() >= kBatchMax) flush_batch();
   return true;
 }
 
@@ -359,6 +383,7 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
       return fail(Result::kTimeout, "%s: all %u of this rank's backend I/Os stayed in flight until the task's deadline",
                   key_text(t->entries()[index].key).c_str(), opts_.io_depth);
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
+    if (t_dispatching == this) flush_batch();
     lk.lock();
     if (io_inflight_ >= opts_.io_depth) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }

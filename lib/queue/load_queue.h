@@ -107,6 +107,8 @@ class LoadQueue {
   uint64_t late_completions() const { return late_completions_.load(std::memory_order_relaxed); }
   // I/Os that passed their deadline in flight (each ends in one late completion).
   uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
+  // Hand-offs of dispatched entries to the copier (each one lock and one wake).
+  uint64_t handoffs() const { return handoffs_.load(std::memory_order_relaxed); }
   // Peer deferral (owner grace): how the dispatcher waited for its peers' shares.
   struct DeferStats {
     uint64_t sleeps = 0;   // futex waits on the node's defer bell
@@ -150,6 +152,8 @@ class LoadQueue {
   void idle_prealloc(const Task& t);
   bool task_pending();
   bool stopping();
+  // Hands the dispatcher's batch to the copier: one lock, one wake.
+  void flush_batch();
   // One look at an entry, never sleeping on its slot: true when it is done
   // (copied, written, or failed), false while it waits (it.word).
   bool process(Item& it);
@@ -192,6 +196,8 @@ class LoadQueue {
   std::deque<std::shared_ptr<Task>> pending_;
   std::deque<Item> items_;
   bool stopping_ = false;
+  std::atomic<bool> stop_flag_{false};  // stopping_, readable without mu_
+  std::vector<Item> batch_;             // dispatcher thread only: entries not yet handed to the copier
 
   mutable std::mutex io_mu_;
   std::condition_variable io_cv_;
@@ -202,6 +208,7 @@ class LoadQueue {
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
+  std::atomic<uint64_t> handoffs_{0};
   std::atomic<uint64_t> defer_sleeps_{0}, defer_wakes_{0}, defer_cpu_ns_{0}, defer_wall_ns_{0};
   // The store's words for each slot whose load this rank found corrupt.
   struct CorruptNote {
