@@ -143,6 +143,12 @@ typedef struct ucm_config {
                                 limit; for hugepages=on, the free 2 MiB pages) and populates
                                 every page at init, so memory the kernel cannot give is an
                                 init error, not a SIGBUS later; 1 maps it lazily, unchecked */
+  int32_t protect;           /* UCM_PROTECT=1|0 (1): ucm_load_task is node-collective, so a shard
+                                loaded for a task stays in the cache until every local rank
+                                (with a copy engine) has taken it, or protect_grace_ms
+                                passed: ranks that drift apart still load it once  [layout] */
+  uint32_t protect_grace_ms; /* UCM_PROTECT_GRACE_MS (1000): the bound on that protection, so a
+                                rank that never asks for a shard cannot hold it     [layout] */
 } ucm_config_t;
 
 /* ---- the node-shared cache -------------------------------------------------- */

@@ -176,6 +176,8 @@ Result Cache::open_rank() {
     q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
+    // From here this rank copies the node's collective loads: peers' loads wait for it (ctrl/protect.h).
+    if (ok(r)) ctrl_.set_copier(static_cast<uint32_t>(node_.local_rank), true);
   }
   return r;
 }
@@ -189,6 +191,8 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
   Result r = backend_node_state_bytes(config_.backend, &store_bytes);
   if (node_.local_rank == 0) {
     if (ok(r)) r = BufferCtrl::create(cp, &ctrl_);
+    // Before any peer attaches: the node's protection (ctrl/protect.h), agreed at init.
+    if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect ? config_.protect_grace_ms : 0);
     if (ok(r)) r = BufferData::create(dp, &data_);
     if (ok(r) && store_bytes > 0) r = NodeState::create(store_bytes, &store_state_);
     nonce = random_nonce();
@@ -280,7 +284,9 @@ void Cache::release_local() {
 void Cache::stop_tasks() noexcept {
   try {
     // The queue's threads first: once a wait has returned, nothing more is
-    // written into its task's destinations.
+    // written into its task's destinations. This rank copies nothing more,
+    // so no peer's load waits for it (ctrl/protect.h).
+    if (queue_ && joined_) ctrl_.set_copier(static_cast<uint32_t>(node_.local_rank), false);
     if (queue_) queue_->stop();
   } catch (...) {
     (void)exception_result("ucm_cache_finalize");

@@ -110,6 +110,10 @@ constexpr Tunable kTable[] = {
      kCopyEngineNames, false, "what copies slots to the app's buffers (async-test: tests only)"},
     {"allow_overcommit", "UCM_OVERCOMMIT", T::kInt, UCM_FIELD(allow_overcommit), 0, 0, 1, nullptr, false,
      "1: map the data plane lazily, unchecked against the node's memory"},
+    {"protect", "UCM_PROTECT", T::kInt, UCM_FIELD(protect), 1, 0, 1, nullptr, true,
+     "1: a loaded shard stays until every local rank has taken it (or the grace passes)"},
+    {"protect_grace_ms", "UCM_PROTECT_GRACE_MS", T::kUint, UCM_FIELD(protect_grace_ms), 1000, 1, 600000, nullptr,
+     true, "bound on that protection: a rank that never asks for a shard holds it no longer"},
 };
 #undef UCM_FIELD
 

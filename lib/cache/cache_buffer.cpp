@@ -10,6 +10,7 @@
 #include "common/time.h"
 #include "ctrl/clock.h"
 #include "ctrl/pins.h"
+#include "ctrl/protect.h"
 #include "ctrl/recovery.h"
 #include "sync/futex.h"
 #include "sync/shared_lock.h"
@@ -55,7 +56,8 @@ CacheBuffer::CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const C
       holder_(holder_id(opts.rank)),
       slice_ns_(std::max<uint64_t>(1, opts.liveness_slice_ms) * 1000000ull),
       ctr_(&ctrl->rank(opts.rank).counters),
-      pid_(static_cast<int32_t>(getpid())) {}
+      pid_(static_cast<int32_t>(getpid())),
+      protect_(ctrl->protect_grace_ms() != 0) {}
 
 Result CacheBuffer::check_key(const Key& k) const {
   if (k.shard >= ctrl_->shards_per_block())
@@ -84,6 +86,7 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
     const State s = word_state(w);
     if (s == State::kReady) {
       mark_accessed(c, i);
+      if (protect_) guard_take(c, opts_.rank, i);
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
       break;
@@ -116,10 +119,14 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
       const bool was_prealloc = s == State::kIdle;
       mark_accessed(c, i);
       bump_shared(ctr_->takeovers);
-      if (was_prealloc) bump(ctr_->prealloc_used);
+      if (was_prealloc) {
+        bump(ctr_->prealloc_used);
+        note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
+      }
       *out = GetResult{GetKind::kOwner, i, nw, was_prealloc, false};
       break;
     }
+    if (protect_) guard_take(c, opts_.rank, i);  // it will copy it once Ready
     bump(ctr_->waits);
     *out = GetResult{GetKind::kWaiter, i, w, false, false};
     break;
@@ -223,13 +230,14 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
         continue;
       }
       bump(ctr_->no_space);
-      return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned", c.regular_slots());
+      return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned, or protected until a peer copies it", c.regular_slots());
     }
     // The caller's next move is to fill the slot: start bringing its first
     // line (and its page's translation) in while we finish the bookkeeping.
     __builtin_prefetch(data_->at(v), 1, 3);
     install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);
     shared_unlock(lock);
+    note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
     bump(ctr_->owner_misses);
     if (evicted) bump(ctr_->evictions);
     *out = GetResult{GetKind::kOwner, v, c.slot(v).word.load(std::memory_order_relaxed), false, evicted};
@@ -264,6 +272,9 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
     // The stored word of the residency about to become Ready (S1 in
     // layout.h): nobody else writes it while the slot is not Ready, and the
     // CAS below publishes it with the state.
+    // A load's shard stays until every copier has taken it (protect.h);
+    // armed while the hold still keeps the slot, before Ready publishes it.
+    if (s == State::kReady && !for_write && protect_) guard_arm(*ctrl_, opts_.rank, slot);
     if (for_write)
       ctrl_->stored(slot).store(stored_make(StoreState::kWriting, opts_.rank, word_version(nw)),
                                 std::memory_order_relaxed);
@@ -399,6 +410,7 @@ bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_c
   if (!word.compare_exchange_strong(w, word_next(observed, State::kIdle, opts_.rank), std::memory_order_acq_rel))
     return false;
   if (w & kWordWaiters) wake_word(word);
+  if (s == State::kIdle) note_serving(*ctrl_, opts_.rank);  // an unowned slot is served from now on
   bump_shared(ctr_->takeovers);
   return true;
 }

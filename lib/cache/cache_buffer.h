@@ -21,7 +21,9 @@
 //                          abandoned by its owner at its deadline
 //                          (abandon_load(): its I/O may still write into
 //                          it): release() it and get(k) again.
-//               -> Result::kNoSpace when every slot is pinned.
+//               -> Result::kNoSpace when every slot is pinned, or
+//                  protected: loaded for a task that a copier rank has
+//                  not taken yet, within the grace (ctrl/protect.h).
 //                  A Corrupt slot (the store's copy failed its checks) is
 //                  answered kWaiter with its word: the caller fails the load
 //                  with UCM_ERR_CORRUPT, or, to dump the key, replaces the
@@ -202,6 +204,7 @@ class CacheBuffer {
   uint64_t slice_ns_;
   RankCounters* ctr_;
   int32_t pid_;
+  bool protect_;  // the node protects loaded shards (ctrl/protect.h): read once, at construction
   TouchHook touch_hook_ = nullptr;
   void* touch_ctx_ = nullptr;
 };

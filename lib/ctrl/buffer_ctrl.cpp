@@ -26,10 +26,15 @@ struct RegionLayout {
   uint64_t pin_row_bytes;
   uint64_t accessed_off;
   uint64_t stored_off;
+  uint64_t guard_off;
   uint64_t region_bytes;
 };
 
 constexpr uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+// The guard array follows the stored words (its offset is not in the header:
+// it is a function of what is, and the region size checks it).
+uint64_t guard_offset(uint64_t stored_off, uint64_t total) { return align_up(stored_off + 4 * total, 64); }
 
 RegionLayout compute_layout(const CtrlParams& p) {
   RegionLayout l{};
@@ -49,6 +54,9 @@ RegionLayout compute_layout(const CtrlParams& p) {
   // Apart from the hit path's lines: only dumps and recovery touch it.
   l.stored_off = align_up(off, 64);
   off = l.stored_off + 4 * total;
+  // Read by evictors after a claim, written once per rank per residency.
+  l.guard_off = guard_offset(l.stored_off, total);
+  off = l.guard_off + 8 * total;
   l.region_bytes = align_up(off, 4096);
   return l;
 }
@@ -188,6 +196,8 @@ void BufferCtrl::cache_fields() {
   accessed_ = reinterpret_cast<std::atomic<uint8_t>*>(base_ + h.accessed_off);
   stored_ = reinterpret_cast<std::atomic<uint32_t>*>(base_ + h.stored_off);
   const CtrlParams& p = h.params;
+  guard_ = reinterpret_cast<std::atomic<uint64_t>*>(
+      base_ + guard_offset(h.stored_off, uint64_t{p.regular_slots} + p.reserved_slots));
   regular_ = p.regular_slots;
   total_ = p.regular_slots + p.reserved_slots;
   bucket_mask_ = p.bucket_count - 1;
@@ -382,6 +392,9 @@ void BufferCtrl::finish_join(uint32_t r) {
 
 void BufferCtrl::leave(uint32_t r) {
   if (r >= max_ranks_) return;
+  // It copies nothing more: no shard waits for it (protect.h).
+  set_copier(r, false);
+  globals().deferring.fetch_and(~(1u << r), std::memory_order_relaxed);
   DroppedRefs d;
   for (uint32_t i = 0; i < total_; ++i) drop_rank_refs(*this, i, 1u << r, &d);
   if (d.pins + d.holds + d.loads + d.writes != 0)
@@ -393,6 +406,12 @@ void BufferCtrl::leave(uint32_t r) {
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+}
+
+void BufferCtrl::set_copier(uint32_t r, bool on) const {
+  if (r >= max_ranks_) return;
+  if (on) globals().copiers.fetch_or(1u << r, std::memory_order_seq_cst);
+  else globals().copiers.fetch_and(~(1u << r), std::memory_order_seq_cst);
 }
 
 bool BufferCtrl::rank_alive(uint32_t r) const {

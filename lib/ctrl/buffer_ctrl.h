@@ -77,6 +77,14 @@ class BufferCtrl {
   std::atomic<uint8_t>& accessed(uint32_t i) const { return accessed_[i]; }
   // The stored word of slot i (layout.h).
   std::atomic<uint32_t>& stored(uint32_t i) const { return stored_[i]; }
+  // The guard word of slot i: its eviction protection (protect.h).
+  std::atomic<uint64_t>& guard(uint32_t i) const { return guard_[i]; }
+  // The node's protection grace (protect.h); 0: no protection. Set by the
+  // creator before any peer attaches (every rank agreed on it at init).
+  uint32_t protect_grace_ms() const { return globals().protect_grace_ms.load(std::memory_order_relaxed); }
+  void set_protect_grace_ms(uint32_t ms) const { globals().protect_grace_ms.store(ms, std::memory_order_relaxed); }
+  // Rank r copies the node's collective loads (it has a queue), or no longer.
+  void set_copier(uint32_t r, bool on) const;
 
   uint32_t regular_slots() const { return regular_; }
   uint32_t total_slots() const { return total_; }
@@ -118,6 +126,7 @@ class BufferCtrl {
   uint64_t pin_row_bytes_ = 0;
   std::atomic<uint8_t>* accessed_ = nullptr;
   std::atomic<uint32_t>* stored_ = nullptr;
+  std::atomic<uint64_t>* guard_ = nullptr;
   uint32_t regular_ = 0;
   uint32_t total_ = 0;
   uint32_t bucket_mask_ = 0;

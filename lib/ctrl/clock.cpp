@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "ctrl/pins.h"
+#include "ctrl/protect.h"
 #include "sync/futex.h"
 #include "sync/shared_lock.h"
 
@@ -90,6 +91,7 @@ void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const 
   m.key_hi.store(k.block.hi, std::memory_order_relaxed);
   m.shard.store(k.shard, std::memory_order_relaxed);
   c.accessed(slot).store(accessed ? 1 : 0, std::memory_order_relaxed);
+  c.guard(slot).store(0, std::memory_order_relaxed);  // a new residency: unarmed, untaken (protect.h)
   chain_push(c, b, slot);  // release: publishes the key and word to chain walkers
   unclaim_slot(c, slot);   // release: publishes them to pinners
 }
@@ -172,6 +174,7 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
   // Laps (clock.h): second chance; any stored slot; anything. The third is
   // reached only when every slot is pinned or holds bytes the store lacks.
   const uint64_t steps = (second_chance ? 3ull : 2ull) * n;
+  ProtectView protect = protect_view(c);
   for (uint64_t step = 0; step < steps; ++step) {
     const uint32_t i = first + next_position(run, c, hand, n, second_chance);
     if (second_chance && step < 2ull * n) {
@@ -190,6 +193,10 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
     // its bit clear is rarely pinned.
     if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i)) continue;
     if (!claim_slot(c, holder, i)) continue;
+    if (slot_protected(c, i, &protect)) {  // a peer has yet to copy it (protect.h)
+      unclaim_slot(c, i);
+      continue;
+    }
     bool done = false;
     UCM_CHECK(detach_claimed(c, i, locked_bucket, evicted, &done));
     if (!done) continue;

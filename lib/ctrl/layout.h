@@ -8,6 +8,7 @@
 //   [CtrlHeader][CtrlGlobals][RankRecord x kMaxRanks][Bucket x bucket_count]
 //   [SlotMeta x total_slots][pin rows: uint32 x total_slots, one row per rank]
 //   [accessed: uint8 x total_slots][stored: uint32 x total_slots]
+//   [guard: uint64 x total_slots]
 //
 // Slots [0, regular_slots) are the regular pool (CLOCK/ring eviction); slots
 // [regular_slots, total_slots) are the reserved pool, used only by Prealloc.
@@ -32,6 +33,9 @@
 //   set by the rank that becomes its writer, kept by hits, cleared only by
 //   that write's success or a re-key (clock.h).
 // - stored[slot]: the dumpers of a Ready slot, and recovery (see below).
+// - guard[slot]: the eviction protection of a loaded shard (protect.h): the
+//   claimer resets it on re-key, the load's owner arms it just before Ready,
+//   each rank that takes the slot sets its bit (fetch_or, once).
 // - RankRecord r: rank r, and recovery after r died.
 #pragma once
 
@@ -44,7 +48,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 10;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets
+constexpr uint32_t kCtrlAbi = 11;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -200,6 +204,10 @@ struct alignas(64) CtrlGlobals {
   alignas(64) std::atomic<uint32_t> unused_regular;  // any rank: next never-used regular slot
   std::atomic<uint32_t> unused_reserved;             // any rank: next never-used reserved slot (offset)
   std::atomic<uint32_t> departing;                   // rank r sets bit r when it enters finalize (departure.h)
+  std::atomic<uint32_t> copiers;                     // bit r: rank r copies the node's loads (protect.h); r, leave, reap
+  std::atomic<uint32_t> protect_grace_ms;            // the creator, before any peer attaches: 0 = no protection
+  std::atomic<uint32_t> deferring;                   // bit r: rank r's dispatcher sleeps on defer_bell (protect.h)
+  std::atomic<uint32_t> defer_bell;                  // a rank that starts serving a key while someone defers
   alignas(64) std::atomic<uint64_t> recovery_lock;   // the reaper of dead ranks (process_lock: pid + start time)
   std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
   std::atomic<uint32_t> bell;                        // any rank: the completion doorbell (below)

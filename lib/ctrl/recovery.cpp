@@ -160,6 +160,11 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
   if (reaped) *reaped = static_cast<uint32_t>(__builtin_popcount(dead_mask));
   if (dead_mask == 0) return Result::kOk;
 
+  // 1b. The dead copy nothing more: no shard waits for them (protect.h), and
+  // nobody need wake their dispatchers.
+  g.copiers.fetch_and(~dead_mask, std::memory_order_seq_cst);
+  g.deferring.fetch_and(~dead_mask, std::memory_order_relaxed);
+
   // 2. Bucket locks held by the dead.
   for (uint32_t b = 0; b < c.bucket_count(); ++b) {
     std::atomic<uint32_t>* lk = &c.bucket(b).lock;

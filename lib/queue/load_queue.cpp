@@ -11,17 +11,23 @@
 #include "common/time.h"
 #include "common/trace.h"
 #include "ctrl/layout.h"
+#include "ctrl/protect.h"
+#include "sync/futex.h"
 #include "queue/rearrange.h"
 
 namespace ucm {
 namespace {
 
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
+constexpr size_t kBatchMax = 32;                // dispatcher entries handed to the copier at once, at most
 constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
-constexpr uint64_t kDeferNapNs = 20'000;        // between looks at a peer's deferred entries
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
+
+// The queue whose dispatcher runs on this thread: get() and start_load()
+// also run on the copier, which holds no batch.
+thread_local const void* t_dispatching = nullptr;
 
 // I/Os past their deadline whose store has not completed them yet. A store
 // stuck in the kernel may complete one at any time (or never, if finalize left
@@ -77,11 +83,17 @@ void LoadQueue::stop() {
     std::lock_guard<std::mutex> g(mu_);
     if (stopping_ && !dispatcher_.joinable()) return;
     stopping_ = true;
+    stop_flag_.store(true, std::memory_order_release);
   }
   pending_cv_.notify_all();
   copier_cv_.notify_all();
   io_cv_.notify_all();
   if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
+  if (deferring_.load(std::memory_order_seq_cst)) {  // our dispatcher sleeps on the defer bell
+    std::atomic<uint32_t>& bell = cache_->ctrl().globals().defer_bell;
+    bell.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&bell, kWakeAll);
+  }
   if (dispatcher_.joinable()) dispatcher_.join();
   if (copier_.joinable()) copier_.join();
 }
@@ -121,14 +133,26 @@ bool LoadQueue::task_pending() {
   return !pending_.empty() || stopping_;
 }
 
-bool LoadQueue::stopping() {
-  std::lock_guard<std::mutex> g(mu_);
-  return stopping_;
+// Without the lock: every entry asks, and stop() sets the flag under it.
+bool LoadQueue::stopping() { return stop_flag_.load(std::memory_order_acquire); }
+
+void LoadQueue::flush_batch() {
+  if (batch_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (Item& it : batch_) items_.push_back(std::move(it));
+  }
+  batch_.clear();
+  handoffs_.fetch_add(1, std::memory_order_relaxed);
+  copier_cv_.notify_one();
+  // A copier asleep on the doorbell (copier_main) hears of new work by it.
+  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
 }
 
 // ---- dispatcher -----------------------------------------------------------------
 
 void LoadQueue::dispatcher_main() {
+  t_dispatching = this;
   if (bind_this_thread(placement_, ThreadRole::kDispatcher) != Result::kOk)
     UCM_WARN("dispatcher of rank %u: %s", opts_.local_rank, last_error().c_str());
   for (;;) {
@@ -159,6 +183,8 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
       return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned)",
                   key_text(k).c_str());
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
+    // Our copier frees what it copies: it must have every entry we hold.
+    if (t_dispatching == this) flush_batch();
     sleep_for_ns(opts_.no_space_backoff_ns);
   }
 }
@@ -177,17 +203,48 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     while (own < order.size() && order[own] % opts_.local_size == opts_.local_rank) ++own;
   }
   for (size_t n = 0; n < own; ++n) {
-    if (!dispatch_entry(t, order[n])) return fail_rest(t, order, n + 1);
+    if (!dispatch_entry(t, order[n])) {
+      flush_batch();
+      return fail_rest(t, order, n + 1);
+    }
     if (!opts_.rotate) wait_legacy_step(*t, entries.size() - (n + 1));
   }
+  flush_batch();  // our stride: one lock and one wake for all of it
   // The peers' strides: a rank that arrives first would otherwise own every
   // shard its peers have not asked for yet, and the node's loads would run
   // from one rank. So a peer's entry waits (at most owner_grace) until some
-  // rank loads it; only what nobody took by then is ours to load.
+  // rank loads it; only what nobody took by then is ours to load. While it
+  // waits, the dispatcher sleeps on the node's defer bell, which a rank that
+  // starts serving a key rings when someone defers (ctrl/protect.h).
   std::vector<uint32_t> deferred(order.begin() + static_cast<long>(own), order.end());
   const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  const uint32_t my_bit = 1u << opts_.local_rank;
+  bool announced = false;
+  uint64_t sleep_cpu0 = 0, sleep_wall0 = 0;  // at the first sleep of this task
+  auto end_deferral = [&] {
+    if (!announced) return;
+    globals.deferring.fetch_and(~my_bit, std::memory_order_relaxed);
+    deferring_.store(false, std::memory_order_relaxed);
+    if (sleep_wall0 != 0) {
+      defer_cpu_ns_.fetch_add(thread_cpu_ns() - sleep_cpu0, std::memory_order_relaxed);
+      defer_wall_ns_.fetch_add(now_ns() - sleep_wall0, std::memory_order_relaxed);
+    }
+  };
   while (!deferred.empty()) {
-    const bool expired = now_ns() >= grace_end;
+    const bool expired = now_ns() >= grace_end || stopping();
+    uint32_t bell = 0;
+    if (!expired) {
+      // Announce, then read the bell, then look (protect.h: a peer that
+      // starts serving a key after our look sees the bit and rings).
+      if (!announced) {
+        announced = true;
+        deferring_.store(true, std::memory_order_seq_cst);
+        globals.deferring.fetch_or(my_bit, std::memory_order_seq_cst);
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      bell = globals.defer_bell.load(std::memory_order_seq_cst);
+    }
     size_t kept = 0;
     for (size_t n = 0; n < deferred.size(); ++n) {
       const uint32_t i = deferred[n];
@@ -198,12 +255,26 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
       if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
         std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
         rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
+        end_deferral();
+        flush_batch();
         return fail_rest(t, rest, 0);
       }
     }
+    const bool moved = kept != deferred.size();
     deferred.resize(kept);
-    if (!deferred.empty()) sleep_for_ns(kDeferNapNs);
+    flush_batch();
+    if (deferred.empty() || expired || moved) continue;
+    // Nothing of the rest is served yet: sleep until a peer serves a key,
+    // the grace ends, or the stop check is due (each wait is bounded).
+    if (sleep_wall0 == 0) {
+      sleep_wall0 = now_ns();
+      sleep_cpu0 = thread_cpu_ns();
+    }
+    defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
+    (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
+    if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
   }
+  end_deferral();
   if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
 }
 
@@ -213,6 +284,7 @@ void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
   // through the task in lockstep with one backend load per step (seed 2.1).
   // Reproduced here so the study's control group behaves like the old code;
   // it polls, as the old code did.
+  flush_batch();
   while (t.remaining() > left && !stopping()) sleep_for_ns(kLegacyStepNapNs);
 }
 
@@ -273,13 +345,10 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
     }
     g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    items_.push_back(Item{t, i, g.slot, g.word, 0});
-  }
-  copier_cv_.notify_one();
-  // A copier asleep on the doorbell (copier_main) hears of new work by it.
-  if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
+  // Handed over in batches (flush_batch): one lock and one wake for many
+  // entries, and never held back while the dispatcher waits for anything.
+  batch_.push_back(Item{t, i, g.slot, g.word, 0});
+  if (batch_.size() >= kBatchMax) flush_batch();
   return true;
 }
 
@@ -318,6 +387,7 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
       return fail(Result::kTimeout, "%s: all %u of this rank's backend I/Os stayed in flight until the task's deadline",
                   key_text(t->entries()[index].key).c_str(), opts_.io_depth);
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
+    if (t_dispatching == this) flush_batch();
     lk.lock();
     if (io_inflight_ >= opts_.io_depth) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }

@@ -7,7 +7,8 @@
 // The dispatcher visits a task's entries in RearrangeIndex order: its own
 // stride at once, a peer's stride once some rank serves it or after
 // owner_grace (so that a rank that arrives first does not own the whole
-// task). It calls get() on each: a hit goes to the copier; as owner it pins the slot once more
+// task); meanwhile it sleeps on the node's defer bell, rung by a rank that
+// starts serving a key while someone defers (ctrl/protect.h), never in naps. It calls get() on each: a hit goes to the copier; as owner it pins the slot once more
 // for the backend I/O, submits the load (at most io_depth in flight) and hands
 // the entry to the copier; as waiter it hands it over at once. It never waits
 // for another rank. When everything of a load task is handed over and no task
@@ -106,6 +107,19 @@ class LoadQueue {
   uint64_t late_completions() const { return late_completions_.load(std::memory_order_relaxed); }
   // I/Os that passed their deadline in flight (each ends in one late completion).
   uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
+  // Hand-offs of dispatched entries to the copier (each one lock and one wake).
+  uint64_t handoffs() const { return handoffs_.load(std::memory_order_relaxed); }
+  // Peer deferral (owner grace): how the dispatcher waited for its peers' shares.
+  struct DeferStats {
+    uint64_t sleeps = 0;   // futex waits on the node's defer bell
+    uint64_t wakes = 0;    // of those, ended by the bell moving (a peer served a key, or stop)
+    uint64_t cpu_ns = 0;   // the dispatcher's thread CPU time from its first sleep to the end of each deferral
+    uint64_t wall_ns = 0;  // the wall time of the same spans
+  };
+  DeferStats defer_stats() const {
+    return DeferStats{defer_sleeps_.load(std::memory_order_relaxed), defer_wakes_.load(std::memory_order_relaxed),
+                      defer_cpu_ns_.load(std::memory_order_relaxed), defer_wall_ns_.load(std::memory_order_relaxed)};
+  }
 
  private:
   struct Item {
@@ -138,6 +152,8 @@ class LoadQueue {
   void idle_prealloc(const Task& t);
   bool task_pending();
   bool stopping();
+  // Hands the dispatcher's batch to the copier: one lock, one wake.
+  void flush_batch();
   // One look at an entry, never sleeping on its slot: true when it is done
   // (copied, written, or failed), false while it waits (it.word).
   bool process(Item& it);
@@ -180,6 +196,8 @@ class LoadQueue {
   std::deque<std::shared_ptr<Task>> pending_;
   std::deque<Item> items_;
   bool stopping_ = false;
+  std::atomic<bool> stop_flag_{false};  // stopping_, readable without mu_
+  std::vector<Item> batch_;             // dispatcher thread only: entries not yet handed to the copier
 
   mutable std::mutex io_mu_;
   std::condition_variable io_cv_;
@@ -189,6 +207,9 @@ class LoadQueue {
   std::atomic<uint64_t> late_completions_{0};
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
+  std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
+  std::atomic<uint64_t> handoffs_{0};
+  std::atomic<uint64_t> defer_sleeps_{0}, defer_wakes_{0}, defer_cpu_ns_{0}, defer_wall_ns_{0};
   // The store's words for each slot whose load this rank found corrupt.
   struct CorruptNote {
     Key key;

@@ -131,6 +131,7 @@ TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
       {"io_depth", "UCM_IO_DEPTH", "16"},                 {"owner_grace_us", "UCM_OWNER_GRACE_US", "1000"},
       {"segment_bytes", "UCM_SEGMENT_BYTES", "1073741824"}, {"backend", "UCM_BACKEND", ""},
       {"copy_engine", "UCM_COPY_ENGINE", "auto"},         {"allow_overcommit", "UCM_OVERCOMMIT", "0"},
+      {"protect", "UCM_PROTECT", "1"},                    {"protect_grace_ms", "UCM_PROTECT_GRACE_MS", "1000"},
   };
   size_t n = 0;
   const ucm::Tunable* table = ucm::tunables(&n);

@@ -1,0 +1,162 @@
+// ucm_task_cost_bench: the fixed cost of a warm task against memcpy of the
+// same bytes, measured side by side in one run (issue 15, goal 3).
+//
+//   mpirun -np 1 ucm_task_cost_bench [--shard-bytes 16384] [--entries 1,64]
+//       [--iters 2000] [--reps 5] [--check]
+//   (-np 2: two ranks at once, each on its own cores and buffers)
+//
+// Each rank loads its keys once (the cache is warm: every later entry is a
+// hit), then, per repetition and task size, times `iters` tasks of ucm_load_task
+// + ucm_task_wait and, right after, `iters` rounds of memcpy of the same
+// number of shards from a host buffer of the same size into the same
+// destinations. Printed per task size: the medians over the repetitions of
+// us per task, us of memcpy, the difference (the fixed cost above memcpy), and
+// memcpy's time / the task's time (the fraction of memcpy reached; goals: a
+// 1-entry task at most 3 us above memcpy, 64 x 16 KiB at least 0.95 of it with
+// one rank, 0.9 with two). --check (the bench suite) only checks that every
+// task succeeded and wrote its destinations; it never looks at time.
+#include <mpi.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ucmcache/ucm.h"
+
+namespace {
+
+int g_rank = 0, g_size = 1, g_failures = 0;
+
+int64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+[[noreturn]] void usage(const char* bad) {
+  if (g_rank == 0) std::fprintf(stderr, "ucm_task_cost_bench: bad argument %s (see the file's header)\n", bad);
+  MPI_Finalize();
+  std::exit(2);
+}
+
+ucm_key_t make_key(uint64_t b) {
+  ucm_key_t k{};
+  const uint64_t lo = 7'000'000 + b, hi = ~lo;
+  std::memcpy(k.block.bytes, &lo, 8);
+  std::memcpy(k.block.bytes + 8, &hi, 8);
+  return k;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  uint64_t shard = 16384;
+  std::vector<uint32_t> sizes = {1, 64};
+  uint32_t iters = 2000, reps = 5;
+  bool check = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto val = [&]() -> const char* {
+      if (i + 1 >= argc) usage(argv[i]);
+      return argv[++i];
+    };
+    if (s == "--shard-bytes") shard = std::strtoull(val(), nullptr, 10);
+    else if (s == "--iters") iters = static_cast<uint32_t>(std::strtoul(val(), nullptr, 10));
+    else if (s == "--reps") reps = static_cast<uint32_t>(std::strtoul(val(), nullptr, 10));
+    else if (s == "--check") check = true;
+    else if (s == "--entries") {
+      sizes.clear();
+      std::string list = val();
+      for (size_t p = 0; p < list.size();) {
+        const size_t q = std::min(list.find(',', p), list.size());
+        sizes.push_back(static_cast<uint32_t>(std::strtoul(list.substr(p, q - p).c_str(), nullptr, 10)));
+        p = q + 1;
+      }
+    } else usage(argv[i]);
+  }
+  if (shard < 64 || iters == 0 || reps == 0 || sizes.empty()) usage("(values)");
+  for (uint32_t n : sizes)
+    if (n == 0 || n > 4096) usage("--entries");
+  const uint32_t most = *std::max_element(sizes.begin(), sizes.end());
+
+  ucm_config_t cfg;
+  if (ucm_config_init(&cfg) != UCM_OK) usage(ucm_last_error(nullptr));
+  cfg.shard_bytes = shard;
+  cfg.cache_bytes = uint64_t{most} * g_size * shard * 2;
+  cfg.shards_per_block = 1;
+  cfg.max_task_entries = most;
+  cfg.prealloc = 0;
+  cfg.hugepages = UCM_HUGEPAGES_OFF;
+  cfg.copy_engine = UCM_COPY_ENGINE_HOST;
+  cfg.protect = 0;  // each rank its own keys (below): nothing to keep for a peer
+  std::snprintf(cfg.backend, sizeof(cfg.backend), "sim:latency_us=0");
+  ucm_cache_t cache = nullptr;
+  if (ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache) != UCM_OK) {
+    std::fprintf(stderr, "rank %d: ucm_cache_init: %s\n", g_rank, ucm_last_error(nullptr));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  // Each rank its own keys (not node-collective on purpose: each rank's
+  // fixed cost, not sharing, is measured), buffers and memcpy source.
+  std::vector<ucm_load_entry_t> entries(most);
+  std::vector<uint8_t> dst(uint64_t{most} * shard), src(uint64_t{most} * shard, 0x5a);
+  for (uint32_t i = 0; i < most; ++i) {
+    entries[i].key = make_key(uint64_t{static_cast<uint32_t>(g_rank)} * most + i);
+    entries[i].dst = dst.data() + uint64_t{i} * shard;
+  }
+  auto one_task = [&](uint32_t n) {
+    ucm_task_t t = 0;
+    ucm_result_t r = ucm_load_task(cache, entries.data(), n, &t);
+    if (r == UCM_OK) r = ucm_task_wait(cache, t, 60000);
+    if (r != UCM_OK && g_failures++ < 5) std::fprintf(stderr, "rank %d: task: %s\n", g_rank, ucm_last_error(cache));
+  };
+  one_task(most);  // warm: every later entry is a hit
+  for (uint32_t n : sizes) {
+    std::vector<double> task_us, copy_us;
+    for (uint32_t rep = 0; rep < reps; ++rep) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (check) std::memset(dst.data(), 0xee, dst.size());
+      int64_t t0 = mono_ns();
+      for (uint32_t k = 0; k < iters; ++k) one_task(n);
+      int64_t t1 = mono_ns();
+      if (check)
+        for (uint32_t i = 0; i < n; ++i)
+          if (dst[uint64_t{i} * shard] == 0xee && g_failures++ < 5)
+            std::fprintf(stderr, "rank %d: entry %u was not written\n", g_rank, i);
+      task_us.push_back(double(t1 - t0) / 1e3 / iters);
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = mono_ns();
+      for (uint32_t k = 0; k < iters; ++k)
+        for (uint32_t i = 0; i < n; ++i)
+          std::memcpy(dst.data() + uint64_t{i} * shard, src.data() + uint64_t{i} * shard, shard);
+      t1 = mono_ns();
+      copy_us.push_back(double(t1 - t0) / 1e3 / iters);
+    }
+    double tm = median(task_us), cm = median(copy_us), worst_t = 0, worst_c = 0;
+    MPI_Allreduce(&tm, &worst_t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&cm, &worst_c, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (g_rank == 0)
+      std::printf("ranks %d  entries %4u x %" PRIu64 " B  task %9.3f us  memcpy %9.3f us  above %8.3f us  "
+                  "fraction-of-memcpy %.3f  (medians of %u reps x %u tasks; slowest rank)\n",
+                  g_size, n, shard, worst_t, worst_c, worst_t - worst_c, worst_t > 0 ? worst_c / worst_t : 0.0,
+                  reps, iters);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ucm_cache_finalize(&cache) != UCM_OK) ++g_failures;
+  int worst = 0;
+  MPI_Allreduce(&g_failures, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst ? 1 : 0;
+}

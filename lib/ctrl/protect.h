@@ -1,0 +1,124 @@
+// Eviction protection: a shard loaded for a task stays until every local rank
+// that will copy it has taken it, or a bounded grace has passed.
+//
+// ucm_load_task is node-collective: every local rank asks for the same keys,
+// each at its own time. When ranks drift apart, CLOCK would evict a shard the
+// fast rank loaded before a slow rank copied it, and the slow rank would load
+// it again. So a loaded slot carries a guard word (guard[slot], layout.h):
+//
+//   bits 0-15   taken: ranks that have taken the slot (hit or waiter) since its key was installed
+//   bit 16      armed: a load (not a dump) made this residency Ready
+//   bits 32-63  arm time, CLOCK_MONOTONIC milliseconds (low 32 bits; compared modulo 2^32)
+//
+// Who writes it:
+//   - the claimer, when it installs a key (install_claimed_slot): 0;
+//   - every rank that takes the slot: fetch_or of its bit, only when the bit
+//     is not yet set (the hit path pays one load; the first take one RMW);
+//   - the load's owner, just before the CAS that makes the slot Ready
+//     (mark_ready, never mark_ready_for_write): a CAS that keeps the taken
+//     bits, adds its own, sets armed and the time. The owner still holds its
+//     hold then, so no evictor can take the slot between arm and Ready, and
+//     an evictor that finds the hold gone has synchronized with the release
+//     that dropped it and sees the arm.
+//
+// The evictor (clock.cpp) asks slot_protected() after it has claimed a
+// candidate (so it has read the hold and the pins: seq_cst). A slot is
+// protected when it is armed, holds a key, some rank in the node's copier
+// mask (CtrlGlobals.copiers: ranks with a queue) has not taken it, and the
+// grace (CtrlGlobals.protect_grace_ms) has not passed since it was armed.
+// A protected candidate is unclaimed and skipped like a pinned one; a sweep
+// that finds only pinned or protected slots answers NoSpace, and the queue
+// backs off and retries (the fast rank waits for the slow one). Nothing is
+// held for longer than the grace, and no rank holds anything once it is
+// out of the copier mask: leave() and the reaper of a dead rank clear its
+// bit, and get() reaps dead ranks before it answers NoSpace.
+//
+// Dumps do not arm: a dumped key may be one no peer ever asks for. A grace of
+// 0 turns protection off (nothing arms, the hit path sets no bits).
+//
+// Peer deferral (queue/load_queue.cpp, owner grace): a dispatcher that waits
+// for a peer to start serving its share sets its bit in
+// CtrlGlobals.deferring, reads defer_bell, looks at its entries and
+// futex-waits on defer_bell (bounded). A rank that starts serving a key (a
+// miss installing it, a takeover of a preallocated slot) issues a seq_cst
+// fence after the key is published and, if any other rank defers, bumps
+// defer_bell and wakes its sleepers (note_serving). Fence against fence: the
+// sleeper sees the key, or the server sees the bit and its bump makes the
+// futex_wait return at once. Nobody deferring: the miss pays a fence and a load.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/time.h"
+#include "ctrl/buffer_ctrl.h"
+#include "sync/futex.h"
+
+namespace ucm {
+
+constexpr uint64_t kGuardTakenMask = 0xffffull;
+constexpr uint64_t kGuardArmed = 1ull << 16;
+constexpr uint32_t kGuardTimeShift = 32;
+
+inline uint32_t guard_taken(uint64_t g) { return static_cast<uint32_t>(g & kGuardTakenMask); }
+inline bool guard_armed(uint64_t g) { return (g & kGuardArmed) != 0; }
+inline uint32_t guard_time_ms(uint64_t g) { return static_cast<uint32_t>(g >> kGuardTimeShift); }
+
+// The clock of the arm time and the grace: CLOCK_MONOTONIC in ms, truncated.
+inline uint32_t protect_now_ms() { return static_cast<uint32_t>(now_ns() / 1000000ull); }
+
+// Rank r has taken slot i (a hit, or a waiter that will copy it).
+inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i) {
+  std::atomic<uint64_t>& g = c.guard(i);
+  const uint64_t bit = 1ull << r;
+  if (!(g.load(std::memory_order_relaxed) & bit)) g.fetch_or(bit, std::memory_order_relaxed);
+}
+
+// The owner r of a load arms slot i just before making it Ready.
+inline void guard_arm(const BufferCtrl& c, uint32_t r, uint32_t i) {
+  std::atomic<uint64_t>& g = c.guard(i);
+  const uint64_t stamp = (uint64_t{protect_now_ms()} << kGuardTimeShift) | kGuardArmed | (1ull << r);
+  uint64_t v = g.load(std::memory_order_relaxed);
+  while (!g.compare_exchange_weak(v, stamp | (v & kGuardTakenMask), std::memory_order_relaxed)) {
+  }
+}
+
+// What an evictor reads once per sweep; the clock only when it needs it.
+struct ProtectView {
+  uint32_t grace_ms = 0;  // 0: nothing is protected
+  uint32_t copiers = 0;
+  uint32_t now_ms = 0;
+  bool have_now = false;
+};
+
+inline ProtectView protect_view(const BufferCtrl& c) {
+  ProtectView v;
+  v.grace_ms = c.protect_grace_ms();
+  if (v.grace_ms != 0) v.copiers = c.globals().copiers.load(std::memory_order_seq_cst);
+  return v;
+}
+
+// Whether claimed slot i must stay: armed, keyed, a copier has not taken it,
+// and its grace is still running. Called after claim_slot().
+inline bool slot_protected(const BufferCtrl& c, uint32_t i, ProtectView* v) {
+  if (v->grace_ms == 0 || v->copiers == 0) return false;
+  const uint64_t g = c.guard(i).load(std::memory_order_acquire);
+  if (!guard_armed(g) || (v->copiers & ~guard_taken(g)) == 0) return false;
+  if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
+  if (!v->have_now) {
+    v->now_ms = protect_now_ms();
+    v->have_now = true;
+  }
+  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+}
+
+// A rank started serving a key (protocol above): wake the peers that defer.
+inline void note_serving(const BufferCtrl& c, uint32_t me) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  CtrlGlobals& g = c.globals();
+  if ((g.deferring.load(std::memory_order_relaxed) & ~(1u << me)) == 0) return;
+  g.defer_bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&g.defer_bell, kWakeAll);
+}
+
+}  // namespace ucm
