@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "leak_check.h"
 #include "ucmcache/ucm.h"
 #ifndef OBS_NO_NVTX
 #include "nvtx_count.h"
@@ -173,6 +174,7 @@ int main(int argc, char** argv) {
   free(buf);
   MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   if (rank == 0) printf("%s\n", all ? "ok" : "FAIL: some rank failed");
+  leak_check_before_mpi_finalize();
   MPI_Finalize();
   return all ? 0 : 1;
 }
