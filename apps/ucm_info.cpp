@@ -237,7 +237,7 @@ int bootstrap_view(int rank, int size) {
     std::fprintf(stderr, "rank %d: ucm_cache_info: %s\n", rank, ucm_last_error(cache));
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  char line[1600];
+  char line[2400];
   const int used = std::snprintf(
       line, sizeof(line),
       "rank %d/%d host=%s node=%d/%d local_rank=%d local_size=%d device=%d engine=%s scheduler=%d "
@@ -256,6 +256,10 @@ int bootstrap_view(int rank, int size) {
                   info.register_threads,
                   info.data_bytes ? info.register_seconds / (static_cast<double>(info.data_bytes) / (1 << 30)) : 0.0,
                   info.device_choice, info.pages);
+  if (const size_t at = std::strlen(line); at < sizeof(line))
+    std::snprintf(line + at, sizeof(line) - at,
+                  " init=%.3fs populate=%.3fs(%u threads) numa=\"%s\" control_pages=\"%s\"", info.init_seconds,
+                  info.populate_seconds, info.populate_threads, info.numa, info.control_pages);
   if (rank == 0) {
     std::printf("%s\n", line);
     for (int i = 1; i < size; ++i) {

@@ -223,6 +223,16 @@ typedef struct ucm_cache_info {
   char pages[256];         /* how the data plane's pages were chosen: "2 MiB hugetlb pages",
                               or why hugepages=auto fell back to ordinary pages; and whether
                               they were populated at init (allow_overcommit) */
+  double init_seconds;       /* wall time of ucm_cache_init on this rank */
+  double populate_seconds;   /* wall time faulting this rank's mapping of the data plane in at init */
+  uint32_t populate_threads; /* threads that populated the segments in parallel (0: not populated) */
+  uint32_t numa_mode;        /* the data plane's NUMA policy as the kernel reports it for this rank's
+                                mapping: 0 default, 1 preferred, 2 interleave, 3 bind */
+  uint64_t numa_nodes;       /* bit n: NUMA node n of that policy */
+  char numa[160];            /* that policy and how it was chosen ("preferred node 0 (every GPU of
+                                the node is on NUMA node 0)") */
+  char control_pages[160];   /* how the control region's pages were chosen ("2 MiB hugetlb pages",
+                                "4 KiB pages + MADV_HUGEPAGE (...)") */
 } ucm_cache_info_t;
 
 /* ---- tasks ------------------------------------------------------------------

@@ -68,6 +68,7 @@ std::string Cache::error() const {
 }
 
 Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) {
+  const uint64_t init_start = now_ns();
   const std::string arg_message = ok(arg_error) ? std::string() : last_error();
   config_ = config;
   const Result setup = node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_);
@@ -123,10 +124,13 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
   UCM_CHECK(collective_status(node_.comm, r));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
-  UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s",
+  init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
+  UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s; "
+           "init %.3f s (data plane populated in %.3f s on %u thread(s)), data plane NUMA %s",
            node_.local_rank, node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, node_.rank,
            node_.size, device_id_, engine_ ? (std::string(engine_->name()) + " engine").c_str() : "scheduler",
-           device_choice_.c_str(), placement_.summary.c_str());
+           device_choice_.c_str(), placement_.summary.c_str(), init_seconds_, data_.populate_seconds(),
+           data_.populate_threads(), data_.valid() ? data_.numa_note().c_str() : "(no data plane: scheduler)");
   return Result::kOk;
 }
 
@@ -182,15 +186,32 @@ Result Cache::open_rank() {
   return r;
 }
 
-Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp) {
+Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& layout) {
   const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
+  // The data plane's NUMA placement (numa.h) follows the GPUs of every rank
+  // of the node, not local rank 0's view alone: each rank's visible GPUs'
+  // nodes, ORed over the node.
+  DataParams dp = layout;
+  {
+    uint32_t gpus = 0;
+    std::string note;
+    const uint64_t mine = scheduler() ? 0 : gpu_numa_nodes("/sys", &gpus, &note);
+    uint64_t all = 0;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_BOR, node_.node) != MPI_SUCCESS)
+      return fail(Result::kSystem, "reducing the GPUs' NUMA nodes over the node failed");
+    dp.numa = choose_numa_policy(all, memory_numa_nodes("/sys"));
+    if (node_.local_rank == 0) UCM_INFO(kData, "NUMA: this rank sees %s; data plane policy %s (%s)", note.c_str(),
+                                        describe_numa(dp.numa.mode, dp.numa.nodes).c_str(), dp.numa.why.c_str());
+  }
   uint64_t nonce = 0;
   FdServer server;
   // Every rank sizes the store's node state from the spec all ranks agreed on.
   uint64_t store_bytes = 0;
   Result r = backend_node_state_bytes(config_.backend, &store_bytes);
   if (node_.local_rank == 0) {
-    if (ok(r)) r = BufferCtrl::create(cp, &ctrl_);
+    // hugepages=off keeps the control region on ordinary pages too.
+    if (ok(r))
+      r = BufferCtrl::create(cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
     // Before any peer attaches: the node's protection (ctrl/protect.h), agreed at init.
     if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect ? config_.protect_grace_ms : 0);
     if (ok(r)) r = BufferData::create(dp, &data_);
@@ -221,7 +242,9 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp)
     expect.data_total_slots = dp.total_slots;
     r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline, &desc,
                      &fds, &expect);
-    if (ok(r)) r = BufferCtrl::attach(fds[0], &cp, &ctrl_);
+    if (ok(r))
+      r = BufferCtrl::attach(fds[0], &cp, &ctrl_,
+                             config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
     if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);
     if (ok(r) && (desc.store_fds != 0) != (store_bytes > 0))
       r = fail(Result::kConfigMismatch,
@@ -265,6 +288,10 @@ void Cache::release_local() {
     std::lock_guard<std::mutex> g(tasks_mu_);
     tasks_.clear();
   }
+  // Exact now that the queue's threads and the store's are out: a rank that
+  // holds nothing leaves without walking the slots (finalize costs what the
+  // rank holds, not what the cache holds). Without a buffer, walk.
+  const bool holds_references = !buffer_ || buffer_->references_held() != 0;
   buffer_.reset();
   if (engine_)
     for (void* p : registered_) engine_->unregister_host(p);
@@ -274,7 +301,11 @@ void Cache::release_local() {
   // detached thread faults (EFAULT) instead of landing in a slot that another
   // rank may re-key once this rank's pins are gone.
   if (io_left_ > 0) (void)data_.fence_off();
-  if (joined_) ctrl_.leave(static_cast<uint32_t>(node_.local_rank));
+  if (joined_) {
+    const uint32_t walked = ctrl_.leave(static_cast<uint32_t>(node_.local_rank), holds_references);
+    UCM_INFO(kApi, "finalize: local rank %d %s", node_.local_rank,
+             walked ? "held references: walked every slot to release them" : "held nothing: no slot walk");
+  }
   joined_ = false;
   data_ = BufferData();
   ctrl_ = BufferCtrl();
@@ -369,6 +400,14 @@ void Cache::info(ucm_cache_info_t* caller) const {
                   config_.allow_overcommit ? "not populated (allow_overcommit)" : "populated at init");
   else
     std::snprintf(out->pages, sizeof(out->pages), "no data plane on this rank (scheduler)");
+  out->init_seconds = init_seconds_;
+  out->populate_seconds = data_.populate_seconds();
+  out->populate_threads = data_.populate_threads();
+  out->numa_mode = static_cast<uint32_t>(data_.numa_mode());
+  out->numa_nodes = data_.numa_nodes();
+  std::snprintf(out->numa, sizeof(out->numa), "%s",
+                data_.valid() ? data_.numa_note().c_str() : "no data plane on this rank (scheduler)");
+  std::snprintf(out->control_pages, sizeof(out->control_pages), "%s", ctrl_.pages_note().c_str());
   std::memcpy(caller, &whole, std::min<size_t>(caller->struct_bytes, sizeof(whole)));
 }
 

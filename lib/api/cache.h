@@ -103,6 +103,7 @@ class Cache {
   static constexpr uint32_t kRegisterThreads = 8;  // segments registered at once
   double register_seconds_ = 0;
   uint32_t register_threads_ = 0;
+  double init_seconds_ = 0;  // wall time of init() on this rank
   std::string device_choice_;
   std::unique_ptr<CopyEngine> engine_;
   NodeState store_state_;  // the store's node-shared state; outlives backend_

@@ -47,7 +47,40 @@ inline void bump(std::atomic<uint64_t>& counter) {
 // dispatcher in get(), the copier in try_take_over()); rare, so exact.
 inline void bump_shared(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
 
+std::atomic<uint64_t> g_next_buffer_id{1};
+
+// Each thread remembers the tally cells of the last few CacheBuffers it used.
+struct TallyRef {
+  uint64_t id = 0;
+  std::atomic<int64_t>* cell = nullptr;
+};
+constexpr size_t kTallyRefs = 4;
+thread_local TallyRef t_tally[kTallyRefs];
+thread_local size_t t_tally_next = 0;
+
 }  // namespace
+
+std::atomic<int64_t>* CacheBuffer::tally_cell() {
+  for (TallyRef& t : t_tally)
+    if (t.id == id_) return t.cell;
+  std::atomic<int64_t>* cell;
+  {
+    std::lock_guard<std::mutex> g(cells_mu_);
+    cell = &cells_.emplace_back(0);
+  }
+  // A thread that forgets a cell (it used more objects since) takes a new
+  // one next time; the old keeps its count, and the sum stays exact.
+  t_tally[t_tally_next] = TallyRef{id_, cell};
+  t_tally_next = (t_tally_next + 1) % kTallyRefs;
+  return cell;
+}
+
+int64_t CacheBuffer::references_held() const {
+  std::lock_guard<std::mutex> g(cells_mu_);
+  int64_t n = 0;
+  for (const std::atomic<int64_t>& c : cells_) n += c.load(std::memory_order_relaxed);
+  return n;
+}
 
 CacheBuffer::CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts)
     : ctrl_(ctrl),
@@ -57,7 +90,8 @@ CacheBuffer::CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const C
       slice_ns_(std::max<uint64_t>(1, opts.liveness_slice_ms) * 1000000ull),
       ctr_(&ctrl->rank(opts.rank).counters),
       pid_(static_cast<int32_t>(getpid())),
-      protect_(ctrl->protect_grace_ms() != 0) {}
+      protect_(ctrl->protect_grace_ms() != 0),
+      id_(g_next_buffer_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 Result CacheBuffer::check_key(const Key& k) const {
   if (k.shard >= ctrl_->shards_per_block())
@@ -145,12 +179,17 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   if (i != kNoSlot) {
     Attach a;
     UCM_CHECK(attach_found(i, k, out, &a));
-    if (a == Attach::kDone) return Result::kOk;
+    if (a == Attach::kDone) {
+      tally(1);
+      return Result::kOk;
+    }
   } else if (end == WalkEnd::kCorrupt) {
     return Result::kCorrupt;  // last_error() names the chain
   }
   // A walk that ran out of steps goes the locked way, which tells a cycle.
-  return get_locked(k, b, out);
+  UCM_CHECK(get_locked(k, b, out));
+  tally(1);  // every kind of answer holds one reference: a pin or the hold
+  return Result::kOk;
 }
 
 Result CacheBuffer::check_joined() const {
@@ -177,6 +216,9 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     next_liveness_check = start + slice_ns_;
   };
   bool reaped_for_space = false;
+  // The eviction's progress across lock holds (clock.h): each hold examines
+  // at most kSweepPerCall positions.
+  SweepState sweep;
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
   for (;;) {
     if (!shared_try_lock(lock, holder_)) {
@@ -215,16 +257,23 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     bool evicted = false;
     uint32_t v = take_unused_regular(c, holder_);
     if (v == kNoSlot) {
-      if (const Result r = take_regular_victim(c, holder_, b, &evicted, &v); r != Result::kOk) {
+      if (const Result r = take_regular_victim(c, holder_, b, &evicted, &v, &sweep); r != Result::kOk) {
         shared_unlock(lock);
         return r;
       }
+    }
+    if (v == kNoSlot && !sweep.done()) {
+      // This hold's budget is spent: let the bucket go, then look for the key
+      // again (another rank may have loaded it) and sweep on.
+      shared_unlock(lock);
+      continue;
     }
     if (v == kNoSlot) {
       shared_unlock(lock);
       // Pins of a dead rank may be what fills the cache: recover, then retry once.
       if (!reaped_for_space && any_rank_dead(c)) {
         reaped_for_space = true;
+        sweep = SweepState{};
         start_clock();
         UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, deadline));
         continue;
@@ -283,7 +332,10 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
   // CLOCK keeps bytes the store lacks (clock.h) and takes a corrupt copy first.
-  if (for_write) ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
+  if (for_write) {
+    ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
+    tally(1);  // the write-through is this rank's until finish_write()
+  }
   if (s == State::kCorrupt) ctrl_->accessed(slot).store(0, std::memory_order_relaxed);
   if (w & kWordWaiters) wake_word(word);
   return Result::kOk;
@@ -322,6 +374,7 @@ Result CacheBuffer::claim_write(uint32_t slot, WriteClaim* out, uint32_t* seen) 
         const uint32_t nv = stored_make(StoreState::kWriting, opts_.rank, word_version(w));
         if (!sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
         ctrl_->accessed(slot).store(kAccessedUnstored, std::memory_order_relaxed);
+        tally(1);  // the write-through is this rank's until finish_write()
         *out = WriteClaim::kWriter;
         *seen = nv;
         return Result::kOk;
@@ -345,6 +398,7 @@ Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
     if (sw.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
   ctrl_->accessed(slot).store(ok ? 1 : kAccessedUnstored, std::memory_order_relaxed);
+  tally(-1);
   if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
   return Result::kOk;
 }
@@ -587,8 +641,12 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
 }
 
 void CacheBuffer::release(uint32_t slot) {
+  if (release_one(slot)) tally(-1);
+}
+
+bool CacheBuffer::release_one(uint32_t slot) {
   const BufferCtrl& c = *ctrl_;
-  if (slot >= c.total_slots()) return;
+  if (slot >= c.total_slots()) return false;
   std::atomic<uint32_t>& word = c.slot(slot).word;
   std::atomic<uint32_t>& row = c.pin(opts_.rank, slot);
   // References are counted per rank: the hold (an owner's, in the word) plus
@@ -600,7 +658,7 @@ void CacheBuffer::release(uint32_t slot) {
   while (word_owner(w) == opts_.rank && (w & kWordHold) && word_state(w) != State::kIdle) {
     if (word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
       if (w & kWordWaiters) wake_word(word);
-      return;
+      return true;
     }
   }
   // A pin on a Ready slot (a hit's path): one RMW. Ready cannot change while
@@ -609,7 +667,7 @@ void CacheBuffer::release(uint32_t slot) {
   // another thread of this rank between our read and our decrement, and then
   // the count before the decrement decides whether its load is abandoned.
   if (word_state(w) == State::kReady) {
-    if (row.fetch_sub(1, std::memory_order_release) != 0) return;
+    if (row.fetch_sub(1, std::memory_order_release) != 0) return true;
     // We held no pin here: the hold of a finished load was taken above, so
     // this is a release without a reference (a caller's error). Undo; the
     // loop below waits out the transient and finds nothing to drop.
@@ -631,7 +689,7 @@ void CacheBuffer::release(uint32_t slot) {
       if (word_owner(w) != opts_.rank || !(w & kWordHold)) {
         // The hold became a pin (mark_failed) or was dropped by recovery.
         n = row.load(std::memory_order_acquire);
-        if (n == 0) return;  // nothing of ours left to drop
+        if (n == 0) return false;  // nothing of ours left to drop
         continue;
       }
       // Our last reference to a load we never finished abandons it.
@@ -640,7 +698,7 @@ void CacheBuffer::release(uint32_t slot) {
       if (word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {
         if (w & kWordWaiters) wake_word(word);
         if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
-        return;
+        return true;
       }
       n = row.load(std::memory_order_relaxed);
       continue;
@@ -657,7 +715,7 @@ void CacheBuffer::release(uint32_t slot) {
         }
       }
     }
-    if (row.compare_exchange_weak(n, n - 1, std::memory_order_release, std::memory_order_relaxed)) return;
+    if (row.compare_exchange_weak(n, n - 1, std::memory_order_release, std::memory_order_relaxed)) return true;
   }
 }
 
@@ -722,7 +780,10 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   uint32_t v = take_unused_regular(c, holder_);
   if (v == kNoSlot) {
     reserved = true;
-    if (const Result r = take_reserved_slot(c, holder_, b, &evicted, &v); r != Result::kOk) {
+    // One call's budget: prealloc is a hint and never waits, so a reserved
+    // pool whose first kSweepPerCall positions are all taken is NoSpace.
+    SweepState sweep;
+    if (const Result r = take_reserved_slot(c, holder_, b, &evicted, &v, &sweep); r != Result::kOk) {
       shared_unlock(lock);
       return r;
     }

@@ -50,8 +50,11 @@
 // guaranteed: that a hint from exists() is still true when acted on.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 
 #include "common/key.h"
 #include "common/result.h"
@@ -142,10 +145,22 @@ class CacheBuffer {
   // One more pin on a slot this rank already holds a reference to (a pin or
   // the owner's hold), for work that must outlive
   // the caller's own pin (a backend I/O into the slot).
-  void add_pin(uint32_t slot) { ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed); }
+  void add_pin(uint32_t slot) {
+    ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
+    tally(1);
+  }
   // Drops one pin. The last pin of the owning rank on a slot it never marked
   // abandons the load: the slot becomes Failed and its waiters take over.
   void release(uint32_t slot);
+
+  // References this rank took through this object and has not dropped: every
+  // get() that returned a slot, add_pin() and write-through begun
+  // (claim_write() made this rank the writer, or mark_ready_for_write()) (+1),
+  // every release() that dropped one and finish_write() (-1). Exact once the
+  // threads that use the object have stopped (each thread adds to its own
+  // cell; this sums them). 0 means the rank holds nothing on any slot, so
+  // leaving needs no walk of the slots (BufferCtrl::leave).
+  int64_t references_held() const;
 
   // Sets the accessed bit of every resident shard of each block, then forwards
   // the same batch to the hook (the backend's Touch). *marked (optional): slots
@@ -196,6 +211,13 @@ class CacheBuffer {
   uint64_t reap_deadline(uint64_t deadline_ns) const;
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;
+  bool release_one(uint32_t slot);
+  void tally(int64_t d) {
+    std::atomic<int64_t>* cell = tally_cell();
+    // One writer per cell (its thread): a load and a store, no locked add.
+    cell->store(cell->load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+  }
+  std::atomic<int64_t>* tally_cell();
 
   const BufferCtrl* ctrl_;
   const BufferData* data_;
@@ -207,6 +229,12 @@ class CacheBuffer {
   bool protect_;  // the node protects loaded shards (ctrl/protect.h): read once, at construction
   TouchHook touch_hook_ = nullptr;
   void* touch_ctx_ = nullptr;
+  // references_held(): one cell per thread that used this object (a deque:
+  // cells never move), and an id no other CacheBuffer of the process has, by
+  // which a thread finds its cell.
+  uint64_t id_;
+  mutable std::mutex cells_mu_;
+  std::deque<std::atomic<int64_t>> cells_;
 };
 
 }  // namespace ucm

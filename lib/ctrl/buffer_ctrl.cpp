@@ -1,14 +1,17 @@
 #include "ctrl/buffer_ctrl.h"
 
 #include <fcntl.h>
+#include <linux/memfd.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "common/hash.h"
@@ -31,6 +34,7 @@ struct RegionLayout {
 };
 
 constexpr uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+constexpr uint64_t kHugetlbfsMagic = 0x958458f6;
 
 // The guard array follows the stored words (its offset is not in the header:
 // it is a function of what is, and the region size checks it).
@@ -166,7 +170,25 @@ BufferCtrl::BufferCtrl(BufferCtrl&& o) noexcept { *this = std::move(o); }
 BufferCtrl& BufferCtrl::operator=(BufferCtrl&& o) noexcept {
   if (this != &o) {
     reset();
-    std::memcpy(static_cast<void*>(this), static_cast<const void*>(&o), sizeof(*this));
+    fd_ = o.fd_;
+    base_ = o.base_;
+    bytes_ = o.bytes_;
+    buckets_ = o.buckets_;
+    slots_ = o.slots_;
+    pins_ = o.pins_;
+    pin_row_bytes_ = o.pin_row_bytes_;
+    accessed_ = o.accessed_;
+    stored_ = o.stored_;
+    guard_ = o.guard_;
+    regular_ = o.regular_;
+    total_ = o.total_;
+    bucket_mask_ = o.bucket_mask_;
+    shards_per_block_ = o.shards_per_block_;
+    max_ranks_ = o.max_ranks_;
+    slot_bytes_ = o.slot_bytes_;
+    evict_ = o.evict_;
+    hugetlb_ = o.hugetlb_;
+    pages_note_ = std::move(o.pages_note_);
     o.fd_ = -1;
     o.base_ = nullptr;
     o.bytes_ = 0;
@@ -207,21 +229,100 @@ void BufferCtrl::cache_fields() {
   evict_ = p.evict;
 }
 
-Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
+namespace {
+
+constexpr uint64_t kCtrlHugeBytes = 2ull << 20;
+
+// A sealed, mapped and populated hugetlb memfd of `bytes` (rounded up to
+// 2 MiB), or false with *why. memfd_create and ftruncate succeed with no
+// hugepages reserved; the mapping (which reserves them) and the populate
+// (which takes them, and meets a hugetlb cgroup limit) are the tests.
+bool make_huge_region(uint64_t bytes, int* fd_out, void** base_out, uint64_t* mapped, std::string* why) {
+  const uint64_t rounded = align_up(bytes, kCtrlHugeBytes);
+  const int fd = memfd_create("ucmcache-ctrl-huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
+  if (fd < 0) {
+    *why = std::string("memfd_create(MFD_HUGETLB): ") + strerror(errno);
+    return false;
+  }
+  auto give_up = [&](const char* what) {
+    *why = std::string(what) + ": " + strerror(errno);
+    close(fd);
+    return false;
+  };
+  if (ftruncate(fd, static_cast<off_t>(rounded)) != 0) return give_up("ftruncate(hugetlb)");
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) return give_up("F_ADD_SEALS(hugetlb)");
+  void* m = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return give_up("mmap(hugetlb)");
+#ifdef MADV_POPULATE_WRITE
+  int e;
+  do e = madvise(m, rounded, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+  while (e == EINTR);
+  if (e != 0 && e != EINVAL) {
+    munmap(m, rounded);
+    errno = e;
+    return give_up("populating hugetlb pages");
+  }
+#endif
+  *fd_out = fd;
+  *base_out = m;
+  *mapped = rounded;
+  return true;
+}
+
+std::string shmem_thp_mode() {
+  FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  if (!f) return "unknown";
+  char buf[128] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // The chosen one is in brackets: "always within_size advise [never] deny force".
+  const char* a = std::strchr(buf, '[');
+  const char* b = a ? std::strchr(a, ']') : nullptr;
+  return a && b ? std::string(a + 1, b) : "unknown";
+}
+
+std::string ordinary_note(bool asked) {
+  if (!asked) return "4 KiB pages (hugepages=off)";
+  const std::string mode = shmem_thp_mode();
+  const bool honoured = mode == "always" || mode == "advise" || mode == "within_size" || mode == "force";
+  return "4 KiB pages + MADV_HUGEPAGE (shmem THP \"" + mode + "\"" +
+         (honoured ? ": the kernel may back it with 2 MiB pages)" : ": no effect)");
+}
+
+}  // namespace
+
+Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out, CtrlPages pages) {
   UCM_CHECK(validate_ctrl_params(params));
   const CtrlParams p = resolve_ctrl_params(params);
   const RegionLayout l = compute_layout(p);
 
   BufferCtrl c;
-  int fd;
-  UCM_SYSCHECK(fd = memfd_create("ucmcache-ctrl", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create(ucmcache-ctrl)");
-  c.fd_ = fd;
-  UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(l.region_bytes)), "ftruncate(control region)");
-  UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, control)");
-  void* m = mmap(nullptr, l.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", l.region_bytes, strerror(errno));
-  c.base_ = static_cast<uint8_t*>(m);
-  c.bytes_ = l.region_bytes;
+  std::string huge_why;
+  int hfd = -1;
+  void* hbase = nullptr;
+  uint64_t hbytes = 0;
+  if (pages == CtrlPages::kAuto && make_huge_region(l.region_bytes, &hfd, &hbase, &hbytes, &huge_why)) {
+    c.fd_ = hfd;
+    c.base_ = static_cast<uint8_t*>(hbase);
+    c.bytes_ = hbytes;
+    c.hugetlb_ = true;
+    c.pages_note_ = "2 MiB hugetlb pages";
+  } else {
+    int fd;
+    UCM_SYSCHECK(fd = memfd_create("ucmcache-ctrl", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create(ucmcache-ctrl)");
+    c.fd_ = fd;
+    UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(l.region_bytes)), "ftruncate(control region)");
+    UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, control)");
+    void* m = mmap(nullptr, l.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+      return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", l.region_bytes, strerror(errno));
+    c.base_ = static_cast<uint8_t*>(m);
+    c.bytes_ = l.region_bytes;
+    if (pages == CtrlPages::kAuto) (void)madvise(m, l.region_bytes, MADV_HUGEPAGE);  // a hint
+    c.pages_note_ = ordinary_note(pages == CtrlPages::kAuto);
+    if (!huge_why.empty()) c.pages_note_ += "; no hugetlb: " + huge_why;
+  }
   g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   // The memfd is zero-filled: fill in what is not zero, header last.
@@ -246,24 +347,24 @@ Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out) {
     s.word.store(kNoOwner << kWordOwnerShift, std::memory_order_relaxed);
   }
   std::atomic_ref<uint64_t>(h->magic).store(kCtrlMagic, std::memory_order_release);
-  UCM_INFO(kCtrl, "control region: %" PRIu64 " bytes, %u+%u slots of %" PRIu64 " bytes, %u buckets, %u ranks, evict=%s",
+  UCM_INFO(kCtrl, "control region: %" PRIu64 " bytes, %u+%u slots of %" PRIu64 " bytes, %u buckets, %u ranks, evict=%s, %s",
            l.region_bytes, p.regular_slots, p.reserved_slots, p.slot_bytes, p.bucket_count, p.max_ranks,
-           evict_name(p.evict));
+           evict_name(p.evict), c.pages_note_.c_str());
   *out = std::move(c);
   return Result::kOk;
 }
 
-Result BufferCtrl::attach(int fd, const CtrlParams* expect, BufferCtrl* out) {
+Result BufferCtrl::attach(int fd, const CtrlParams* expect, BufferCtrl* out, CtrlPages pages) {
   BufferCtrl c;
   int dup_fd;
   UCM_SYSCHECK(dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0), "dup(control fd)");
   c.fd_ = dup_fd;
-  UCM_CHECK(c.map_and_check(dup_fd, expect));
+  UCM_CHECK(c.map_and_check(dup_fd, expect, pages));
   *out = std::move(c);
   return Result::kOk;
 }
 
-Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
+Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pages) {
   struct stat st;
   UCM_SYSCHECK(fstat(fd, &st), "fstat(control fd)");
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
@@ -273,10 +374,20 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect) {
   int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || !(seals & F_SEAL_SHRINK))
     return fail(Result::kCorrupt, "control region is not sealed against shrinking (seals 0x%x)", seals < 0 ? 0 : seals);
+  struct statfs fs;
+  hugetlb_ = fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic;
   void* m = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", file_bytes, strerror(errno));
   base_ = static_cast<uint8_t*>(m);
   bytes_ = file_bytes;
+  if (hugetlb_) {
+    pages_note_ = "2 MiB hugetlb pages";
+  } else if (pages == CtrlPages::kAuto) {
+    (void)madvise(m, file_bytes, MADV_HUGEPAGE);  // as the creator did; a hint
+    pages_note_ = ordinary_note(true) + "; the creator found no hugetlb pages";
+  } else {
+    pages_note_ = ordinary_note(false);
+  }
   g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   const CtrlHeader& h = header();
@@ -390,13 +501,14 @@ void BufferCtrl::finish_join(uint32_t r) {
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
 }
 
-void BufferCtrl::leave(uint32_t r) {
-  if (r >= max_ranks_) return;
+uint32_t BufferCtrl::leave(uint32_t r, bool holds_references) {
+  if (r >= max_ranks_) return 0;
   // It copies nothing more: no shard waits for it (protect.h).
   set_copier(r, false);
   globals().deferring.fetch_and(~(1u << r), std::memory_order_relaxed);
   DroppedRefs d;
-  for (uint32_t i = 0; i < total_; ++i) drop_rank_refs(*this, i, 1u << r, &d);
+  const uint32_t walked = holds_references ? total_ : 0;
+  for (uint32_t i = 0; i < walked; ++i) drop_rank_refs(*this, i, 1u << r, &d);
   if (d.pins + d.holds + d.loads + d.writes != 0)
     UCM_WARN("local rank %u left %" PRIu64 " pin(s), %" PRIu64 " owner hold(s), %" PRIu64
              " unfinished load(s) and %" PRIu64
@@ -406,6 +518,7 @@ void BufferCtrl::leave(uint32_t r) {
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+  return walked;
 }
 
 void BufferCtrl::set_copier(uint32_t r, bool on) const {

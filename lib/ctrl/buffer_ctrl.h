@@ -46,6 +46,16 @@ CtrlParams resolve_ctrl_params(const CtrlParams& p);
 // structs' sizes.
 uint64_t ctrl_fingerprint(const CtrlParams& resolved);
 
+// The control region's pages. kAuto: a hugetlb memfd (2 MiB pages) when the
+// kernel has free hugepages for it, else an ordinary memfd with
+// MADV_HUGEPAGE (transparent hugepages for shmem, when the kernel's
+// shmem_enabled allows). The hit path reads a bucket, a slot's meta, a pin
+// row and an accessed byte spread over the whole region, so at 512k slots
+// 4 KiB pages cost a TLB miss per line; huge pages take them away. kOff: an
+// ordinary memfd, nothing asked. Neither is part of the layout: a peer finds
+// out from the fd (fstatfs), and pages_note() says what was chosen and why.
+enum class CtrlPages : uint8_t { kOff = 0, kAuto = 1 };
+
 class BufferCtrl {
  public:
   BufferCtrl() = default;
@@ -56,14 +66,20 @@ class BufferCtrl {
   BufferCtrl& operator=(const BufferCtrl&) = delete;
 
   // Creates, initializes and seals a new region; the magic is written last.
-  [[nodiscard]] static Result create(const CtrlParams& params, BufferCtrl* out);
+  [[nodiscard]] static Result create(const CtrlParams& params, BufferCtrl* out, CtrlPages pages = CtrlPages::kOff);
   // Maps the region behind `fd` (the fd is duplicated; the caller keeps its own).
   // With `expect`, also refuses a region whose parameters differ, naming the field.
-  [[nodiscard]] static Result attach(int fd, const CtrlParams* expect, BufferCtrl* out);
+  // `pages` is what the creator was asked for (a hugetlb file is told by the
+  // fd itself); it decides this mapping's hint and pages_note().
+  [[nodiscard]] static Result attach(int fd, const CtrlParams* expect, BufferCtrl* out,
+                                     CtrlPages pages = CtrlPages::kOff);
 
   bool valid() const { return base_ != nullptr; }
   int fd() const { return fd_; }
-  size_t region_bytes() const { return bytes_; }
+  size_t region_bytes() const { return bytes_; }  // as mapped (a hugetlb file rounds up to 2 MiB)
+  bool hugetlb() const { return hugetlb_; }
+  // "2 MiB hugetlb pages", or which ordinary pages and why (CtrlPages).
+  const std::string& pages_note() const { return pages_note_; }
   CtrlParams params() const;
 
   const CtrlHeader& header() const { return *reinterpret_cast<const CtrlHeader*>(base_); }
@@ -107,13 +123,17 @@ class BufferCtrl {
   // Unregisters rank r. Its references should all be released by now; any
   // left (a pin, an owner's hold, a load it owns and never marked) are
   // released here as recovery would for a dead rank, and named in a warning,
-  // so that a leak cannot outlive the process that made it.
-  void leave(uint32_t r);
+  // so that a leak cannot outlive the process that made it. That takes a
+  // walk of every slot; a caller that knows exactly that the rank holds
+  // nothing (CacheBuffer::references_held() == 0 with its threads stopped)
+  // passes holds_references = false and leave costs what the rank holds:
+  // nothing. Returns the slots walked.
+  uint32_t leave(uint32_t r, bool holds_references = true);
   // True while rank r is registered by a process that still runs.
   bool rank_alive(uint32_t r) const;
 
  private:
-  Result map_and_check(int fd, const CtrlParams* expect);
+  Result map_and_check(int fd, const CtrlParams* expect, CtrlPages pages);
   void cache_fields();
   void reset();
 
@@ -134,6 +154,8 @@ class BufferCtrl {
   uint32_t max_ranks_ = 0;
   uint64_t slot_bytes_ = 0;
   EvictMode evict_ = EvictMode::kClock;
+  bool hugetlb_ = false;
+  std::string pages_note_;
 };
 
 // Bumped whenever this process maps or unmaps a control region: per-thread

@@ -96,6 +96,25 @@ void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const 
   unclaim_slot(c, slot);   // release: publishes them to pinners
 }
 
+Candidate sweep_candidate(const BufferCtrl& c, uint32_t i, SweepPhase phase) {
+  if (phase != SweepPhase::kAny) {
+    std::atomic<uint8_t>& a = c.accessed(i);
+    if (const uint8_t bit = a.load(std::memory_order_relaxed); bit != 0) {
+      if (bit == kAccessedUnstored) return Candidate::kSkip;
+      if (phase == SweepPhase::kSecondChance) {
+        a.store(0, std::memory_order_relaxed);
+        return Candidate::kSkip;
+      }
+    }
+  }
+  // Claimed or held: skip without a CAS. Pins are read once, after the
+  // claim (claim_slot): reading every rank's row before it as well cost a
+  // miss about 6% (perf, ratio to the v1 model), and a CLOCK candidate with
+  // its bit clear is rarely pinned.
+  if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i)) return Candidate::kSkip;
+  return Candidate::kTry;
+}
+
 namespace {
 
 // Detaches claimed slot i from the chain it is on (*done). If its bucket is
@@ -168,42 +187,56 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
   return p;
 }
 
+thread_local SweepStats t_sweep_stats;
+
+void start_sweep(SweepState* st, uint32_t n, bool second_chance) {
+  if (st->started) return;
+  st->started = true;
+  if (second_chance) {
+    st->chance_left = n < kSweepSecondChance ? n : kSweepSecondChance;
+    st->stored_left = n;
+    st->any_left = n;
+  } else {
+    st->any_left = 2ull * n;  // the ring: two laps of the raw cursor
+  }
+}
+
 Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& run, uint32_t first, uint32_t n,
-                   bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted, uint32_t* out) {
+                   bool second_chance, uint32_t holder, uint32_t locked_bucket, bool* evicted, uint32_t* out,
+                   SweepState* st) {
   *out = kNoSlot;
-  // Laps (clock.h): second chance; any stored slot; anything. The third is
+  start_sweep(st, n, second_chance);
+  uint32_t examined = 0;
+  Result res = Result::kOk;
+  // Phases (clock.h): second chance; any stored slot; anything. The last is
   // reached only when every slot is pinned or holds bytes the store lacks.
-  const uint64_t steps = (second_chance ? 3ull : 2ull) * n;
   ProtectView protect = protect_view(c);
-  for (uint64_t step = 0; step < steps; ++step) {
+  while (examined < kSweepPerCall && !st->done()) {
+    uint64_t* left = st->chance_left ? &st->chance_left : st->stored_left ? &st->stored_left : &st->any_left;
+    const SweepPhase phase = left == &st->chance_left ? SweepPhase::kSecondChance
+                             : left == &st->stored_left ? SweepPhase::kStored
+                                                        : SweepPhase::kAny;
+    --*left;
+    ++examined;
     const uint32_t i = first + next_position(run, c, hand, n, second_chance);
-    if (second_chance && step < 2ull * n) {
-      std::atomic<uint8_t>& a = c.accessed(i);
-      if (const uint8_t bit = a.load(std::memory_order_relaxed); bit != 0) {
-        if (bit == kAccessedUnstored) continue;
-        if (step < n) {
-          a.store(0, std::memory_order_relaxed);
-          continue;
-        }
-      }
-    }
-    // Claimed or held: skip without a CAS. Pins are read once, after the
-    // claim (claim_slot): reading every rank's row before it as well cost a
-    // miss about 6% (perf, ratio to the v1 model), and a CLOCK candidate with
-    // its bit clear is rarely pinned.
-    if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i)) continue;
+    if (sweep_candidate(c, i, phase) == Candidate::kSkip) continue;
     if (!claim_slot(c, holder, i)) continue;
     if (slot_protected(c, i, &protect)) {  // a peer has yet to copy it (protect.h)
       unclaim_slot(c, i);
       continue;
     }
     bool done = false;
-    UCM_CHECK(detach_claimed(c, i, locked_bucket, evicted, &done));
+    res = detach_claimed(c, i, locked_bucket, evicted, &done);
+    if (res != Result::kOk) break;
     if (!done) continue;
     *out = i;
-    return Result::kOk;
+    break;
   }
-  return Result::kOk;
+  st->examined += examined;
+  ++t_sweep_stats.calls;
+  t_sweep_stats.positions += examined;
+  if (examined > t_sweep_stats.max_per_call) t_sweep_stats.max_per_call = examined;
+  return res;
 }
 
 uint32_t take_unused(const BufferCtrl& c, std::atomic<uint32_t>& next, uint32_t first, uint32_t n, uint32_t holder) {
@@ -229,14 +262,17 @@ uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder) {
   return take_unused(c, c.globals().unused_regular, 0, c.regular_slots(), holder);
 }
 
+SweepStats sweep_stats() { return t_sweep_stats; }
+void reset_sweep_stats() { t_sweep_stats = SweepStats{}; }
+
 Result take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
-                           uint32_t* slot) {
+                           uint32_t* slot, SweepState* st) {
   return clock_sweep(c, c.globals().clock_hand, t_runs[0], 0, c.regular_slots(), c.evict_mode() == EvictMode::kClock,
-                     holder, locked_bucket, evicted, slot);
+                     holder, locked_bucket, evicted, slot, st);
 }
 
 Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
-                          uint32_t* slot) {
+                          uint32_t* slot, SweepState* st) {
   *slot = kNoSlot;
   const uint32_t first = c.regular_slots();
   const uint32_t n = c.total_slots() - first;
@@ -247,7 +283,7 @@ Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_
     *slot = i;
     return Result::kOk;
   }
-  return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted, slot);
+  return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted, slot, st);
 }
 
 }  // namespace ucm

@@ -2,17 +2,22 @@
 
 #include <fcntl.h>
 #include <linux/memfd.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/log.h"
@@ -126,6 +131,50 @@ int populate(void* base, uint64_t bytes) {
 
 }  // namespace
 
+uint32_t usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<uint32_t>(n);
+  }
+  const unsigned h = std::thread::hardware_concurrency();
+  return h ? h : 1;
+}
+
+uint32_t run_parallel(size_t n, uint32_t max_threads, const std::function<void(size_t)>& fn, std::string* error) {
+  if (n == 0) return 0;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  bool failed = false;
+  auto work = [&]() noexcept {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      try {
+        fn(i);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(mu);
+        if (!failed && error) *error = e.what();
+        failed = true;
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu);
+        if (!failed && error) *error = "an exception that is not a std::exception";
+        failed = true;
+      }
+    }
+  };
+  const size_t want = std::min<size_t>(n, std::max<uint32_t>(1, max_threads));
+  std::vector<std::thread> helpers;
+  try {
+    helpers.reserve(want - 1);
+    for (size_t t = 1; t < want; ++t) helpers.emplace_back(work);
+  } catch (...) {
+    // No memory or no thread (a pids limit): fewer helpers, the same work.
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  return static_cast<uint32_t>(helpers.size() + 1);
+}
+
 MemoryBudget memory_budget() {
   MemoryBudget m;
   m.available = meminfo_bytes("MemAvailable");
@@ -175,6 +224,11 @@ BufferData& BufferData::operator=(BufferData&& o) noexcept {
     pow2_ = o.pow2_;
     hugetlb_ = o.hugetlb_;
     pages_note_ = std::move(o.pages_note_);
+    numa_note_ = std::move(o.numa_note_);
+    numa_mode_ = o.numa_mode_;
+    numa_nodes_ = o.numa_nodes_;
+    populate_seconds_ = o.populate_seconds_;
+    populate_threads_ = o.populate_threads_;
     o.bases_.clear();
     o.fds_.clear();
     o.map_bytes_.clear();
@@ -263,6 +317,7 @@ Result BufferData::map_segment(int fd, uint64_t bytes) {
 
 Result BufferData::make_segments(const DataParams& p, bool huge) {
   uint64_t total = 0;
+  std::string numa_failed;
   for (uint32_t s = 0; s < segments_; ++s) {
     const uint64_t bytes = segment_bytes_for(s, huge);
     int fd;
@@ -281,15 +336,48 @@ Result BufferData::make_segments(const DataParams& p, bool huge) {
     total += bytes;
     // Only a hint: the kernel may not back shmem with huge pages.
     if (!huge) (void)madvise(m, bytes, MADV_HUGEPAGE);
+    // Placement before the first page exists (numa.h). A policy the kernel
+    // refuses (no NUMA support, a node gone) leaves the default, said why.
+    if (p.numa.mode != NumaMode::kNone && apply_numa_policy(m, bytes, p.numa) != Result::kOk && numa_failed.empty())
+      numa_failed = last_error();
     if (p.after_segment) p.after_segment(s, p.after_segment_ctx);
   }
-  if (p.allow_overcommit) return Result::kOk;
-  for (uint32_t s = 0; s < segments_; ++s) {
-    const int e = populate(bases_[s], map_bytes_[s]);
-    if (e != 0)
-      return fail(Result::kNoMemory, "populating data segment %u of %u (%" PRIu64 " bytes%s, %" PRIu64
-                  " bytes in all): %s", s, segments_, map_bytes_[s], huge ? " of 2 MiB pages" : "", total, strerror(e));
+  if (!numa_failed.empty()) UCM_WARN("data plane: NUMA placement not set: %s", numa_failed.c_str());
+  read_numa(!numa_failed.empty() ? "not set: " + numa_failed : p.numa.why);
+  (void)total;
+  return populate_segments(p, huge ? " of 2 MiB pages" : "");
+}
+
+void BufferData::read_numa(const std::string& why) {
+  numa_mode_ = NumaMode::kNone;
+  numa_nodes_ = 0;
+  if (bases_.empty() || numa_policy_at(bases_[0], &numa_mode_, &numa_nodes_) != Result::kOk) {
+    numa_note_ = "unknown (get_mempolicy: " + last_error() + ")";
+    return;
   }
+  numa_note_ = describe_numa(numa_mode_, numa_nodes_);
+  if (!why.empty()) numa_note_ += " (" + why + ")";
+}
+
+Result BufferData::populate_segments(const DataParams& p, const char* what) {
+  populate_seconds_ = 0;
+  populate_threads_ = 0;
+  if (p.allow_overcommit) return Result::kOk;
+  // One segment per thread at a time, on at most the CPUs this rank may use:
+  // the kernel zeroes each page in the faulting thread, so a plane of many
+  // segments fills as fast as the CPUs (and memory bandwidth) allow.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> err(bases_.size(), 0);
+  std::string threw;
+  const uint32_t cap = p.populate_threads ? p.populate_threads : usable_cpus();
+  populate_threads_ = run_parallel(
+      bases_.size(), cap, [&](size_t s) { err[s] = populate(bases_[s], map_bytes_[s]); }, &threw);
+  populate_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!threw.empty()) return fail(Result::kNoMemory, "populating the data plane: %s", threw.c_str());
+  for (size_t s = 0; s < err.size(); ++s)
+    if (err[s] != 0)
+      return fail(Result::kNoMemory, "populating data segment %zu of %zu (%" PRIu64 " bytes%s, %" PRIu64
+                  " bytes in all): %s", s, bases_.size(), map_bytes_[s], what, mapped_bytes(), strerror(err[s]));
   return Result::kOk;
 }
 
@@ -335,9 +423,14 @@ Result BufferData::create(const DataParams& params, BufferData* out) {
                   plain_bytes, budget.available, budget.available_from.c_str());
     UCM_CHECK(d.make_segments(params, false));
   }
-  UCM_INFO(kData, "data plane: %u segments of %u slots x %" PRIu64 " bytes, %s, addressing %s%s", d.segments_, d.sps_,
-           d.slot_bytes_, d.hugetlb_ ? "MFD_HUGETLB 2 MiB pages" : "regular memfd + MADV_HUGEPAGE",
-           d.pow2_ ? "shift/mask" : "div/mod", params.allow_overcommit ? ", not populated (overcommit)" : ", populated");
+  UCM_INFO(kData, "data plane: %u segments of %u slots x %" PRIu64 " bytes, %s, addressing %s%s, NUMA %s", d.segments_,
+           d.sps_, d.slot_bytes_, d.hugetlb_ ? "MFD_HUGETLB 2 MiB pages" : "regular memfd + MADV_HUGEPAGE",
+           d.pow2_ ? "shift/mask" : "div/mod",
+           params.allow_overcommit ? ", not populated (overcommit)"
+                                   : (", populated in " + std::to_string(d.populate_seconds_) + " s on " +
+                                      std::to_string(d.populate_threads_) + " thread(s)")
+                                         .c_str(),
+           d.numa_note_.c_str());
   *out = std::move(d);
   return Result::kOk;
 }
@@ -362,15 +455,14 @@ Result BufferData::attach(const DataParams& params, bool hugetlb, const int* fds
     UCM_SYSCHECK(fd = fcntl(fds[s], F_DUPFD_CLOEXEC, 0), "dup(data segment fd)");
     d.fds_.push_back(fd);
     UCM_CHECK(d.map_segment(fd, bytes));
-    // The creator allocated the pages; this maps them, so the copier takes no
-    // page faults and a mapping the kernel cannot complete fails here.
-    if (!params.allow_overcommit) {
-      const int e = populate(d.bases_.back(), bytes);
-      if (e != 0)
-        return fail(Result::kNoMemory, "populating the mapping of data segment %u (%" PRIu64 " bytes): %s", s, bytes,
-                    strerror(e));
-    }
   }
+  // The creator allocated the pages; this maps them (in parallel, as the
+  // creator did), so the copier takes no page faults and a mapping the kernel
+  // cannot complete fails here.
+  UCM_CHECK(d.populate_segments(params, hugetlb ? " of 2 MiB pages, mapped" : ", mapped"));
+  // A shmem segment's policy is the file's, so this mapping reports what the
+  // creator set; a hugetlb one's was the creator's mapping's alone.
+  d.read_numa(hugetlb ? "hugetlb: placed by local rank 0's mapping" : "set by local rank 0");
   d.pages_note_ = hugetlb                                ? "2 MiB hugetlb pages"
                   : params.hugepages == HugePolicy::kOff ? "ordinary pages (hugepages=off)"
                                                          : "ordinary pages: hugepages=auto fell back on local rank 0, "

@@ -30,10 +30,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/result.h"
+#include "data/numa.h"
 
 namespace ucm {
 
@@ -46,6 +48,13 @@ struct DataParams {
   HugePolicy hugepages = HugePolicy::kAuto;
   // Skip the memory check and the populate step (the config's allow_overcommit).
   bool allow_overcommit = false;
+  // NUMA placement of every segment, set before it is populated (numa.h);
+  // kNone leaves the kernel's default.
+  NumaPolicy numa;
+  // Threads that populate the segments, one segment each at a time; 0: the
+  // CPUs this process may run on (sched_getaffinity). Never more than the
+  // segments.
+  uint32_t populate_threads = 0;
   // Tests only: runs after segment `seg` is mapped and populated, so a test can
   // let a real competitor take hugepages at that exact point.
   void (*after_segment)(uint32_t seg, void* ctx) = nullptr;
@@ -78,6 +87,15 @@ class BufferData {
   // How the pages were chosen, for ucm_cache_info: "2 MiB hugetlb pages", or
   // why hugepages=auto fell back to ordinary pages.
   const std::string& pages_note() const { return pages_note_; }
+  // The NUMA placement this mapping reports (get_mempolicy on the first
+  // segment), and how it was chosen, for ucm_cache_info.
+  const std::string& numa_note() const { return numa_note_; }
+  NumaMode numa_mode() const { return numa_mode_; }
+  uint64_t numa_nodes() const { return numa_nodes_; }
+  // Wall time of faulting this mapping in at create/attach, and on how many
+  // threads (0 s and 0 threads when nothing was populated: overcommit).
+  double populate_seconds() const { return populate_seconds_; }
+  uint32_t populate_threads() const { return populate_threads_; }
   bool pow2_addressing() const { return pow2_; }
   uint32_t slots_per_segment() const { return sps_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -104,6 +122,8 @@ class BufferData {
   uint64_t segment_bytes_for(size_t seg, bool huge) const;
   Result map_segment(int fd, uint64_t bytes);
   Result make_segments(const DataParams& p, bool huge);
+  Result populate_segments(const DataParams& p, const char* what);
+  void read_numa(const std::string& why);
   void reset();
 
   std::vector<uint8_t*> bases_;
@@ -119,7 +139,21 @@ class BufferData {
   bool pow2_ = false;
   bool hugetlb_ = false;
   std::string pages_note_;
+  std::string numa_note_;
+  NumaMode numa_mode_ = NumaMode::kNone;
+  uint64_t numa_nodes_ = 0;
+  double populate_seconds_ = 0;
+  uint32_t populate_threads_ = 0;
 };
+
+// CPUs this process may run on (sched_getaffinity), at least 1.
+uint32_t usable_cpus();
+// Runs fn(i) for every i in [0, n) on up to max_threads threads (this one
+// included), each taking the next index; returns the threads used. A thread
+// that cannot be created leaves its share to the others; an exception inside
+// fn is caught in its thread and reported through *error (the first one's
+// what()), never std::terminate.
+uint32_t run_parallel(size_t n, uint32_t max_threads, const std::function<void(size_t)>& fn, std::string* error);
 
 // Whether a MFD_HUGETLB segment of `bytes` can be created and mapped right now
 // (a hint: another process may take the pages the next moment).

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,8 @@
 #include "api/handles.h"
 #include "backend/sim_content.h"
 #include "common/key.h"
+#include "data/buffer_data.h"
+#include "data/numa.h"
 #include "mpi/mpi_test.h"
 #include "ucmcache/ucm.h"
 
@@ -265,6 +268,10 @@ TEST_F(Boot, StartsWithAndWithoutHugepagesAndReportsWhich) {
     ucm_cache_t cache = nullptr;
     ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
     EXPECT_EQ(info_of(cache).hugetlb, 0);
+    // The control region fell back too, and says why.
+    const std::string ctrl_pages = info_of(cache).control_pages;
+    EXPECT_NE(ctrl_pages.find("MADV_HUGEPAGE"), std::string::npos) << ctrl_pages;
+    EXPECT_EQ(ctrl_pages.find("2 MiB hugetlb"), std::string::npos) << ctrl_pages;
     EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
     cfg.hugepages = UCM_HUGEPAGES_ON;
     EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_ERR_UNSUPPORTED);
@@ -280,6 +287,7 @@ TEST_F(Boot, StartsWithAndWithoutHugepagesAndReportsWhich) {
     ucm_cache_t cache = nullptr;
     ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
     EXPECT_EQ(info_of(cache).hugetlb, 1) << "4.5 MiB of slots fit in 32 MiB of reserved pages";
+    EXPECT_STREQ(info_of(cache).control_pages, "2 MiB hugetlb pages") << "and the control region in one more page";
     // Every rank reads what another wrote through the hugepage mapping.
     CacheBuffer* cb = buffer_of(cache);
     publish(cb, key_of(900 + world_rank(), 0), cfg.shard_bytes);
@@ -318,6 +326,39 @@ TEST_F(Boot, ACacheLargerThanTheNodeCanGiveIsRefusedUnlessOvercommitIsAllowed) {
   const ucm_cache_info_t info = info_of(cache);
   EXPECT_NE(std::string(info.pages).find("hugepages=off"), std::string::npos) << info.pages;
   EXPECT_NE(std::string(info.pages).find("overcommit"), std::string::npos) << info.pages;
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+}
+
+// ucm_cache_info says what init cost and where the data plane lies: the init
+// and populate times, the populate threads (at most the CPUs the rank may
+// use), the NUMA policy the kernel reports for this rank's mapping, and how
+// the control region's pages were chosen.
+TEST_F(Boot, InfoReportsInitAndPopulateTimesNumaPlacementAndControlPages) {
+  ucm_config_t cfg = small_config();
+  cfg.cache_bytes = 8 << 20;
+  cfg.hugepages = UCM_HUGEPAGES_OFF;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const ucm_cache_info_t info = info_of(cache);
+  EXPECT_GT(info.init_seconds, 0.0);
+  EXPECT_GE(info.init_seconds, info.populate_seconds);
+  EXPECT_GE(info.populate_threads, 1u);
+  EXPECT_LE(info.populate_threads, std::max<uint32_t>(info.segments, 1));
+  EXPECT_LE(info.populate_threads, usable_cpus());
+  EXPECT_STREQ(info.control_pages, "4 KiB pages (hugepages=off)");
+  if (memory_numa_nodes("/sys") != 0) {
+    // No GPU here (or some): a policy is set either way, and it is the one
+    // the kernel reports for this rank's own mapping.
+    EXPECT_NE(info.numa_mode, 0u) << info.numa;
+    EXPECT_NE(info.numa_nodes, 0u) << info.numa;
+    NumaMode mode;
+    uint64_t nodes = 0;
+    ASSERT_EQ(numa_policy_at(buffer_of(cache)->data_at(0), &mode, &nodes), Result::kOk) << last_error();
+    EXPECT_EQ(static_cast<uint32_t>(mode), info.numa_mode);
+    EXPECT_EQ(nodes, info.numa_nodes);
+    EXPECT_NE(std::string(info.numa).find(describe_numa(mode, nodes)), std::string::npos) << info.numa;
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
 }
