@@ -32,13 +32,6 @@ std::vector<double> gather_fixed(const std::vector<double>& v) {
   return all;
 }
 
-Key ikey(const ucm_key_t& k) {
-  Key out;
-  out.block = block_from_bytes(k.block.bytes);
-  out.shard = k.shard;
-  return out;
-}
-
 // Rank 0's app thread, after submitting a task whose one key its own
 // dispatcher is about to own: the instant that key turns Ready, seen through
 // a futex wait on the slot's word (whatever wait mode the cache runs), so the

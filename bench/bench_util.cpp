@@ -254,17 +254,6 @@ std::string fmt(const char* f, ...) {
 
 // ---- keys, buffers, verification --------------------------------------------------
 
-ucm_key_t ukey(uint64_t block, uint32_t shard) {
-  ucm_key_t k{};
-  const uint64_t hi = ~block;
-  std::memcpy(k.block.bytes, &block, 8);
-  std::memcpy(k.block.bytes + 8, &hi, 8);
-  k.shard = shard;
-  return k;
-}
-
-ucm_block_t ublock(uint64_t block) { return ukey(block, 0).block; }
-
 ShardBuffer::ShardBuffer(size_t n, uint64_t shard) : n_(n), shard_(shard) {
   const size_t bytes = std::max<size_t>(n * shard, 4096);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/numbered_key.h"
 #include "ucmcache/ucm.h"
 
 namespace ucm {
@@ -109,9 +110,11 @@ void say(const Job& job, const char* fmt, ...) __attribute__((format(printf, 2, 
 
 // ---- keys, buffers, verification --------------------------------------------------
 
-// Block ids are (lo = b, hi = ~b): the layout of tests/mpi/task_util.h.
-ucm_key_t ukey(uint64_t block, uint32_t shard);
-ucm_block_t ublock(uint64_t block);
+// Keys are ukey(b, s) and ublock(b) of common/numbered_key.h, the numbering
+// the tests use.
+using ::ucm::ikey;
+using ::ucm::ublock;
+using ::ucm::ukey;
 
 // Page-aligned destination memory for n shards of `shard` bytes.
 class ShardBuffer {

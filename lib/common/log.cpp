@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/log_sink.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -67,6 +68,8 @@ const LogSettings& settings() {
 }
 
 std::atomic<int> g_rank{-1};
+std::atomic<LogSink> g_sink{nullptr};
+std::atomic<void*> g_sink_user{nullptr};
 
 }  // namespace
 
@@ -79,6 +82,10 @@ bool log_enabled(LogLevel level, Subsys subsys) {
 void log_set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
 
 LogLevel log_node_level() { return g_rank.load(std::memory_order_relaxed) <= 0 ? LogLevel::kInfo : LogLevel::kDebug; }
+void log_set_sink(LogSink sink, void* user) {
+  g_sink_user.store(user, std::memory_order_relaxed);
+  g_sink.store(sink, std::memory_order_release);
+}
 
 void log_line(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...) {
   char msg[1024];
@@ -86,6 +93,10 @@ void log_line(LogLevel level, Subsys subsys, const char* file, int line, const c
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (const LogSink sink = g_sink.load(std::memory_order_acquire)) {
+    sink(g_sink_user.load(std::memory_order_relaxed), level, msg);
+    return;
+  }
   const char* base = std::strrchr(file, '/');
   base = base ? base + 1 : file;
   const char* lvl = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "DEBUG";

@@ -13,6 +13,7 @@
 
 #include "cache/cache_buffer.h"
 #include "common/key.h"
+#include "common/numbered_key.h"
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
 #include "ctrl/clock.h"
@@ -20,15 +21,11 @@
 
 namespace ucm::test {
 
-inline Key key(uint64_t block, uint32_t shard) {
-  Key k;
-  k.block.lo = block;
-  k.block.hi = block ^ 0x5a5a5a5a5a5a5a5aull;
-  k.shard = shard;
-  return k;
-}
+// Block b, shard s: the numbering of common/numbered_key.h, shared with the
+// mpi suite's ukey() and the benchmarks.
+inline Key key(uint64_t block, uint32_t shard) { return numbered_key(block, shard); }
 
-inline BlockId block(uint64_t b) { return key(b, 0).block; }
+inline BlockId block(uint64_t b) { return numbered_block(b); }
 
 struct TestCache {
   BufferCtrl ctrl;

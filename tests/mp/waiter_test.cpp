@@ -24,6 +24,7 @@ struct BlockedShared {
   ShmSignal owned;       // the owner holds the key (value 1)
   ShmSignal registered;  // waiters that got kWaiter and are about to block
   ShmSignal finished;    // waiters done reading
+  ShmSignal sampled;     // the parent has seen the waiters' /proc states (value 1)
   std::atomic<uint64_t> mark_ns{0};  // owner: just before mark_ready
   struct Waiter {
     std::atomic<uint64_t> cpu_ns;    // process CPU time spent inside the wait
@@ -55,8 +56,12 @@ TEST(ScenarioB, BlockedWaitersUseNoCpuAndWakeReadyOnMarkReady) {
     ASSERT_EQ(g.kind, GetKind::kOwner);
     sh->owned.set(1);
     ASSERT_TRUE(sh->registered.wait_ge(kWaiters, deadline_after_ms(kChildDeadlineMs)));
-    // The waiters are blocked now; the backend is slow.
+    // The waiters are blocked now; the backend is slow. The load completes
+    // only once the parent has sampled the waiters (a step, not a time: a
+    // loaded machine may run the parent late, and the samples must fall
+    // while the waiters are blocked).
     usleep(kBlockMs * 1000);
+    ASSERT_TRUE(sh->sampled.wait_ge(1, deadline_after_ms(kChildDeadlineMs)));
     fill_pattern(cb.data_at(g.slot), mine.ctrl.slot_bytes(), K);
     sh->mark_ns.store(now_ns());
     ASSERT_EQ(cb.mark_ready(g.slot), Result::kOk) << last_error();
@@ -102,12 +107,16 @@ TEST(ScenarioB, BlockedWaitersUseNoCpuAndWakeReadyOnMarkReady) {
     });
   }
 
-  // While the owner sleeps, every waiter should be asleep in the kernel.
+  // While the owner holds the load, every waiter should be asleep in the
+  // kernel. The owner cannot mark before `sampled`, so every sample falls
+  // while the waiters are blocked; sampling goes on (bounded) until one is
+  // seen asleep, as a waiter that registered may still be on its way in.
   ASSERT_TRUE(sh->registered.wait_ge(kWaiters, deadline_after_ms(kChildDeadlineMs)));
   usleep(60 * 1000);
   std::string states;
   uint32_t sleeping_samples = 0;
-  for (int sample = 0; sample < 5; ++sample) {
+  const uint64_t sample_until = deadline_after_ms(kChildDeadlineMs / 2);
+  for (int sample = 0; sample < 5 || (sleeping_samples == 0 && now_ns() < sample_until); ++sample) {
     for (uint32_t i = 0; i < kWaiters; ++i) {
       const char s = proc_state(waiters[i]);
       states += s;
@@ -116,6 +125,7 @@ TEST(ScenarioB, BlockedWaitersUseNoCpuAndWakeReadyOnMarkReady) {
     states += ' ';
     usleep(30 * 1000);
   }
+  sh->sampled.set(1);
 
   for (uint32_t i = 0; i < kWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], kChildDeadlineMs), 0) << "waiter " << i;
   EXPECT_EQ(ch.wait(owner, kChildDeadlineMs), 0) << "owner";

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi/mpi_test.h"
+#include "mpi/store_dir.h"
 #include "mpi/task_util.h"
 
 namespace ucm::test {
@@ -25,31 +26,6 @@ namespace {
 
 using Dump = MpiTest;
 
-// A fresh store directory: made by rank 0, its name broadcast; removed by
-// rank 0 when the test ends.
-class StoreDir {
- public:
-  StoreDir() {
-    std::string d;
-    if (world_rank() == 0) {
-      char tmpl[] = "/tmp/ucm-dump-test-XXXXXX";
-      if (mkdtemp(tmpl)) d = tmpl;
-    }
-    dir_ = bcast_string(d);
-    EXPECT_FALSE(dir_.empty()) << "mkdtemp failed on rank 0";
-  }
-  ~StoreDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0 && !dir_.empty())
-      nftw(dir_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8,
-           FTW_DEPTH | FTW_PHYS);
-  }
-  std::string spec() const { return "posix:" + dir_; }
-  const std::string& path() const { return dir_; }
-
- private:
-  std::string dir_;
-};
 
 // Dumped content: the complement of the sim store's, so a copy that came from
 // a sim store instead of the dump is told apart.
@@ -91,7 +67,7 @@ uint64_t sum_over_ranks(uint64_t v) {
 }
 
 TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
-  StoreDir store;
+  StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
@@ -210,7 +186,7 @@ bool store_has(ucm_cache_t cache, const ucm_key_t& k) {
 uint64_t ranks_where(bool b) { return sum_over_ranks(b ? 1 : 0); }
 
 TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer) {
-  StoreDir store;
+  StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
@@ -322,7 +298,7 @@ void corrupt_shard(const std::string& dir, const ucm_key_t& k) {
 }
 
 TEST_F(Dump, ACorruptShardIsUcmErrCorruptOnEveryRankAndLoadedOnce) {
-  StoreDir store;
+  StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
   ucm_cache_t cache = nullptr;
   const ucm_key_t k = ukey(36000, 3);
@@ -429,7 +405,7 @@ TEST_F(Dump, TouchForwardsExactlyTheGivenBlocksToTheStoreInOrder) {
 }
 
 TEST_F(Dump, LookupSaysCacheBackendOrNoneOnEveryRankTheSchedulerToo) {
-  StoreDir store;
+  StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
   ucm_cache_t cache = nullptr;
   ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi/mpi_test.h"
+#include "mpi/store_dir.h"
 #include "mpi/task_util.h"
 
 namespace ucm::test {
@@ -20,38 +21,6 @@ namespace {
 
 using Store = MpiTest;
 
-// A fresh store directory (0700, this user's): made by rank 0, its name
-// broadcast; removed by rank 0 when the test ends.
-class StoreDir {
- public:
-  StoreDir() {
-    std::string d;
-    if (world_rank() == 0) {
-      char tmpl[] = "/tmp/ucm-store-test-XXXXXX";
-      if (mkdtemp(tmpl)) d = tmpl;
-    }
-    dir_ = bcast_string(d);
-    EXPECT_FALSE(dir_.empty()) << "mkdtemp failed on rank 0";
-  }
-  ~StoreDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0 && !dir_.empty())
-      nftw(dir_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8,
-           FTW_DEPTH | FTW_PHYS);
-  }
-  std::string spec() const { return "posix:" + dir_; }
-  // The file the posix store keeps block b in.
-  std::string file_of(uint64_t b) const {
-    const Key k = ikey(ukey(b, 0));
-    char name[64];
-    std::snprintf(name, sizeof(name), "/%016llx%016llx.ucmblk", static_cast<unsigned long long>(k.block.hi),
-                  static_cast<unsigned long long>(k.block.lo));
-    return dir_ + name;
-  }
-
- private:
-  std::string dir_;
-};
 
 ucm_result_t dump_sim_content(ucm_cache_t cache, const std::vector<ucm_key_t>& keys) {
   std::vector<std::vector<uint8_t>> src;

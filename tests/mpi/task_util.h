@@ -18,6 +18,7 @@
 #include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "common/key.h"
+#include "common/numbered_key.h"
 #include "common/time.h"
 #include "mpi/mpi_test.h"
 #include "ucmcache/ucm.h"
@@ -43,24 +44,9 @@ inline ucm_config_t task_config(uint64_t slots, const char* backend) {
   return c;
 }
 
-// Block ids are (lo = b, hi = ~b); the sim store's fault specs name lo.
-inline ucm_key_t ukey(uint64_t block, uint32_t shard) {
-  ucm_key_t k{};
-  const uint64_t hi = ~block;
-  std::memcpy(k.block.bytes, &block, 8);
-  std::memcpy(k.block.bytes + 8, &hi, 8);
-  k.shard = shard;
-  return k;
-}
-
-inline ucm_block_t ublock(uint64_t block) { return ukey(block, 0).block; }
-
-inline Key ikey(const ucm_key_t& k) {
-  Key out;
-  out.block = block_from_bytes(k.block.bytes);
-  out.shard = k.shard;
-  return out;
-}
+// ukey(b, s), ublock(b) and ikey(k) come from common/numbered_key.h (the
+// numbering the unit tests and the benchmarks use); the sim store's fault
+// specs name a block by its low half, b.
 
 // How a failed task names a key in ucm_last_error: 32 hex digits, ':', shard.
 inline std::string key_hex(const ucm_key_t& k) {
