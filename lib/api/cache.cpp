@@ -92,6 +92,8 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   // created (a pids limit) are this rank's status like any other failure.
   r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
   UCM_CHECK(collective_status(node_.comm, r));
+  // 7. Fan-out's node communicator (collective: every rank calls it).
+  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
   if (node_.local_rank == 0) UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
   UCM_INFO(kBoot, "local rank %d of %d on %s (node %d of %d): device %d (%s), %s, %s", node_.local_rank,
@@ -145,6 +147,7 @@ Result Cache::open_rank() {
     q.io_depth = config_.io_depth;
     q.load_retries = config_.load_retries;
     q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
+    if (config_.fanout != UCM_FANOUT_OFF) q.owner_grace_ns = 0;  // a rank's fan-out loads are its own alone
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
   }
@@ -206,6 +209,7 @@ void Cache::release_local() {
   // Order matters: the queue's threads stop first; the backend then completes
   // every I/O still in flight (its completions touch the queue and the cache);
   // only then do the cache and the planes go.
+  fanout_.reset();
   if (queue_) queue_->stop();
   // Bounded by timeout_ms: a store stuck in the kernel (a hard-mounted NFS
   // that stopped answering) must not hang finalize. Its stuck threads are
@@ -247,7 +251,9 @@ void Cache::release_local() {
 void Cache::stop_tasks() noexcept {
   try {
     // The queue's threads first: once a wait has returned, nothing more is
-    // written into its task's destinations.
+    // written into its task's destinations. Fan-out's thread before them: it
+    // submits to the queue.
+    if (fanout_) fanout_->stop();
     if (queue_) queue_->stop();
   } catch (...) {
     (void)exception_result("ucm_cache_finalize");
@@ -325,6 +331,7 @@ void Cache::info(ucm_cache_info_t* caller) const {
   out->register_seconds = register_seconds_;
   out->register_threads = register_threads_;
   std::snprintf(out->device_choice, sizeof(out->device_choice), "%s", device_choice_.c_str());
+  std::snprintf(out->fanout, sizeof(out->fanout), "%s", fanout_ ? fanout_->describe().c_str() : "off");
   if (data_.valid())
     std::snprintf(out->pages, sizeof(out->pages), "%s, %s", data_.pages_note().c_str(),
                   config_.allow_overcommit ? "not populated (allow_overcommit)" : "populated at init");
@@ -346,14 +353,21 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
     std::lock_guard<std::mutex> g(tasks_mu_);
     tid = next_task_id_++;
   }
-  if (engine_) UCM_CHECK(check_app_buffers(kind, entries));
+  if (engine_) {
+    const Result bad = check_app_buffers(kind, entries);
+    if (bad != Result::kOk) {
+      const std::string why = last_error();
+      if (fanout_ && kind == TaskKind::kLoad) fanout_->reject(tid, entries.size(), why);
+      return fail(bad, "%s", why.c_str());
+    }
+  }
   auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     tasks_[tid] = t;
   }
-  const Result r = queue_->submit(t);
+  const Result r = fanout_ && kind == TaskKind::kLoad ? fanout_->submit(t) : queue_->submit(t);
   if (r != Result::kOk) {
     std::lock_guard<std::mutex> g(tasks_mu_);
     tasks_.erase(tid);
@@ -472,6 +486,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     uint64_t hist[32] = {};
     add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, &s, hist);
     percentiles(hist, &s);
+    fanout_stats(&s);
     std::memcpy(rank, &s, std::min<size_t>(rank->struct_bytes, sizeof(s)));
   }
   if (node) {
@@ -482,6 +497,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     uint64_t hist[32] = {};
     for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, &s, hist);
     percentiles(hist, &s);
+    fanout_stats(&s);
     std::memcpy(node, &s, std::min<size_t>(node->struct_bytes, sizeof(s)));
   }
 }

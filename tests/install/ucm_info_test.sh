@@ -32,7 +32,9 @@ run "$info" -v | grep -q "^ucmcache $version\$" || fail "-v does not print 'ucmc
 
 # nccl_built means the library calls NCCL: the report and the library's
 # undefined symbols agree.
-if "$nm" -D --undefined-only "$lib" | grep -q ' nccl'; then calls=yes; else calls=no; fi
+# (Into a variable first: under pipefail, `nm | grep -q` dies of SIGPIPE at random.)
+undefined=$("$nm" -D --undefined-only "$lib")
+if grep -q ' nccl' <<< "$undefined"; then calls=yes; else calls=no; fi
 grep -qx "build:nccl:$calls" "$tmp/v" \
   || fail "ucm_info says $(grep '^build:nccl:' "$tmp/v"), the library calling NCCL: $calls"
 
