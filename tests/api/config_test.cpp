@@ -112,7 +112,8 @@ TEST(ConfigApi, ANullConfigIsNullPointer) {
 
 // ---- the table of tunables -------------------------------------------------
 
-// Every UCM_* variable and default there was before the table: none may change.
+// Every UCM_* variable and default there was before the table: none may change
+// (rows added since: fanout).
 TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
   struct Old {
     const char* name;
@@ -131,6 +132,7 @@ TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
       {"io_depth", "UCM_IO_DEPTH", "16"},                 {"owner_grace_us", "UCM_OWNER_GRACE_US", "1000"},
       {"segment_bytes", "UCM_SEGMENT_BYTES", "1073741824"}, {"backend", "UCM_BACKEND", ""},
       {"copy_engine", "UCM_COPY_ENGINE", "auto"},         {"allow_overcommit", "UCM_OVERCOMMIT", "0"},
+      {"fanout", "UCM_FANOUT", "off"},
   };
   size_t n = 0;
   const ucm::Tunable* table = ucm::tunables(&n);
