@@ -132,6 +132,12 @@ void Fanout::main() {
       turns_.pop_front();
     }
     run_turn(turn);
+    // A turn that the stop cut short may have left a collective in flight:
+    // that communicator is never used (or freed) again.
+    if (stop_.load(std::memory_order_acquire)) {
+      coll_->abort();
+      return;
+    }
   }
 }
 
