@@ -252,10 +252,10 @@ int bootstrap_view(int rank, int size) {
       info.binding);
   if (used > 0 && static_cast<size_t>(used) < sizeof(line))
     std::snprintf(line + used, sizeof(line) - static_cast<size_t>(used),
-                  " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\" pages=\"%s\"", info.register_seconds,
-                  info.register_threads,
+                  " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\" pages=\"%s\" fanout=\"%s\"",
+                  info.register_seconds, info.register_threads,
                   info.data_bytes ? info.register_seconds / (static_cast<double>(info.data_bytes) / (1 << 30)) : 0.0,
-                  info.device_choice, info.pages);
+                  info.device_choice, info.pages, info.fanout);
   if (const size_t at = std::strlen(line); at < sizeof(line))
     std::snprintf(line + at, sizeof(line) - at,
                   " init=%.3fs populate=%.3fs(%u threads) numa=\"%s\" control_pages=\"%s\"", info.init_seconds,
@@ -320,7 +320,9 @@ int main(int argc, char** argv) {
 #if UCM_HAVE_MPI
   int rank = 0, size = 1;
   if (o.bootstrap) {
-    MPI_Init(&argc, &argv);
+    // UCM_FANOUT=mpi's thread calls MPI beside this one.
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
   }

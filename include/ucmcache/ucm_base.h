@@ -105,6 +105,12 @@ typedef enum ucm_copy_engine {
   UCM_COPY_ENGINE_HOST = 2,      /* memcpy: destinations and sources are host memory */
   UCM_COPY_ENGINE_ASYNC_TEST = 3 /* tests only: host memory, copies land later on a worker thread */
 } ucm_copy_engine_t;
+/* Fan-out (see fanout in ucm_config_t): how a node's ranks share each loaded shard. */
+typedef enum ucm_fanout {
+  UCM_FANOUT_OFF = 0,  /* every rank copies every shard from the host slot (the default) */
+  UCM_FANOUT_NCCL = 1, /* the shard's root copies it, then NCCL broadcasts it GPU to GPU */
+  UCM_FANOUT_MPI = 2   /* the same protocol over MPI_Ibcast, for host destinations (no GPU needed) */
+} ucm_fanout_t;
 
 typedef struct ucm_config {
   uint32_t struct_bytes;     /* sizeof(ucm_config_t) as the app was built: set by ucm_config_init */
@@ -149,6 +155,12 @@ typedef struct ucm_config {
                                 passed: ranks that drift apart still load it once  [layout] */
   uint32_t protect_grace_ms; /* UCM_PROTECT_GRACE_MS (1000): the bound on that protection, so a
                                 rank that never asks for a shard cannot hold it     [layout] */
+  ucm_fanout_t fanout;       /* UCM_FANOUT=off|nccl|mpi (off): in nccl or mpi mode each shard is
+                                read from the host slot once per node (by its root, entry i's
+                                root being local rank i mod local_size) and broadcast to the
+                                other ranks' destinations; ucm_load_task is then collective in
+                                time: every local rank submits the same keys in the same task
+                                order (mpi needs MPI_THREAD_MULTIPLE; nccl the cuda engine) [layout] */
 } ucm_config_t;
 
 /* ---- the node-shared cache -------------------------------------------------- */
@@ -233,6 +245,8 @@ typedef struct ucm_cache_info {
                                 the node is on NUMA node 0)") */
   char control_pages[160];   /* how the control region's pages were chosen ("2 MiB hugetlb pages",
                                 "4 KiB pages + MADV_HUGEPAGE (...)") */
+  char fanout[128];        /* the fan-out mode and its communicator ("off", "mpi: MPI_Ibcast over
+                              4 local ranks"), or why it stopped ("off since task 7: ...") */
 } ucm_cache_info_t;
 
 /* ---- tasks ------------------------------------------------------------------
@@ -307,6 +321,13 @@ typedef struct ucm_stats {
   uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us;
   uint64_t direct_fallbacks;  /* backend transfers the file system refused as direct I/O,
                                  redone buffered (the store then stays buffered) */
+  /* Fan-out (UCM_FANOUT). Kept per process: in the node struct they are the
+     calling rank's own too (sum the ranks' for a node total). */
+  uint64_t fanout_mode;         /* ucm_fanout_t in effect: UCM_FANOUT_OFF after init without it */
+  uint64_t fanout_host_bytes;   /* bytes this rank read from host slots for fanned-out tasks */
+  uint64_t fanout_bcast_bytes;  /* bytes this rank received by broadcast */
+  uint64_t fanout_fallbacks;    /* tasks that fell back to per-rank copies (timeout, communicator error) */
+  uint64_t fanout_mismatches;   /* tasks failed because the ranks submitted different tasks */
 } ucm_stats_t;
 
 /* The cache calls exist in a library built with MPI (ucmcache.pc then sets no

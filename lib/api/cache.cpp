@@ -123,6 +123,8 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   // created (a pids limit) are this rank's status like any other failure.
   r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
   UCM_CHECK(collective_status(node_.comm, r));
+  // 7. Fan-out's node communicator (collective: every rank calls it).
+  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
   init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
   UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s; "
@@ -178,6 +180,7 @@ Result Cache::open_rank() {
     q.io_depth = config_.io_depth;
     q.load_retries = config_.load_retries;
     q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
+    if (config_.fanout != UCM_FANOUT_OFF) q.owner_grace_ns = 0;  // a rank's fan-out loads are its own alone
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
     // From here this rank copies the node's collective loads: peers' loads wait for it (ctrl/protect.h).
@@ -213,7 +216,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
     if (ok(r))
       r = BufferCtrl::create(cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
     // Before any peer attaches: the node's protection (ctrl/protect.h), agreed at init.
-    if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect ? config_.protect_grace_ms : 0);
+    if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect && config_.fanout == UCM_FANOUT_OFF ? config_.protect_grace_ms : 0);
     if (ok(r)) r = BufferData::create(dp, &data_);
     if (ok(r) && store_bytes > 0) r = NodeState::create(store_bytes, &store_state_);
     nonce = random_nonce();
@@ -266,6 +269,7 @@ void Cache::release_local() {
   // Order matters: the queue's threads stop first; the backend then completes
   // every I/O still in flight (its completions touch the queue and the cache);
   // only then do the cache and the planes go.
+  fanout_.reset();
   if (queue_) queue_->stop();
   // Bounded by timeout_ms: a store stuck in the kernel (a hard-mounted NFS
   // that stopped answering) must not hang finalize. Its stuck threads are
@@ -315,6 +319,9 @@ void Cache::release_local() {
 void Cache::stop_tasks() noexcept {
   try {
     // The queue's threads first: once a wait has returned, nothing more is
+    // written into its task's destinations. Fan-out's thread before them: it
+    // submits to the queue.
+    if (fanout_) fanout_->stop();
     // written into its task's destinations. This rank copies nothing more,
     // so no peer's load waits for it (ctrl/protect.h).
     if (queue_ && joined_) ctrl_.set_copier(static_cast<uint32_t>(node_.local_rank), false);
@@ -395,6 +402,7 @@ void Cache::info(ucm_cache_info_t* caller) const {
   out->register_seconds = register_seconds_;
   out->register_threads = register_threads_;
   std::snprintf(out->device_choice, sizeof(out->device_choice), "%s", device_choice_.c_str());
+  std::snprintf(out->fanout, sizeof(out->fanout), "%s", fanout_ ? fanout_->describe().c_str() : "off");
   if (data_.valid())
     std::snprintf(out->pages, sizeof(out->pages), "%s, %s", data_.pages_note().c_str(),
                   config_.allow_overcommit ? "not populated (allow_overcommit)" : "populated at init");
@@ -424,14 +432,21 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
     std::lock_guard<std::mutex> g(tasks_mu_);
     tid = next_task_id_++;
   }
-  if (engine_) UCM_CHECK(check_app_buffers(kind, entries));
+  if (engine_) {
+    const Result bad = check_app_buffers(kind, entries);
+    if (bad != Result::kOk) {
+      const std::string why = last_error();
+      if (fanout_ && kind == TaskKind::kLoad) fanout_->reject(tid, entries.size(), why);
+      return fail(bad, "%s", why.c_str());
+    }
+  }
   auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     tasks_[tid] = t;
   }
-  const Result r = queue_->submit(t);
+  const Result r = fanout_ && kind == TaskKind::kLoad ? fanout_->submit(t) : queue_->submit(t);
   if (r != Result::kOk) {
     std::lock_guard<std::mutex> g(tasks_mu_);
     tasks_.erase(tid);
@@ -540,6 +555,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     uint64_t hist[kLatencyBuckets] = {};
     add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, &s, hist);
     percentiles(hist, &s);
+    fanout_stats(&s);
     std::memcpy(rank, &s, std::min<size_t>(rank->struct_bytes, sizeof(s)));
   }
   if (node) {
@@ -550,6 +566,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     uint64_t hist[kLatencyBuckets] = {};
     for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, &s, hist);
     percentiles(hist, &s);
+    fanout_stats(&s);
     std::memcpy(node, &s, std::min<size_t>(node->struct_bytes, sizeof(s)));
   }
 }

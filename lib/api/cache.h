@@ -32,6 +32,7 @@
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
 #include "device/copy_engine.h"
+#include "queue/fanout.h"
 #include "queue/load_queue.h"
 #include "queue/task.h"
 #include "topo/placement.h"
@@ -75,9 +76,13 @@ class Cache {
 
   // Tasks: validated by the C API, run by this rank's LoadQueue.
   [[nodiscard]] Result submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id);
+  // A load of n entries this rank refused (bad input): in fan-out mode it
+  // still takes its turn (queue/fanout.h); a no-op otherwise.
+  void reject_load(uint64_t n, const std::string& why);
   [[nodiscard]] Result wait(uint64_t id, int64_t timeout_ms);
   [[nodiscard]] Result test(uint64_t id, int* done);
   void stats(ucm_stats_t* rank, ucm_stats_t* node) const;
+  void fanout_stats(ucm_stats_t* s) const;  // this rank's fan-out fields
   // Store I/O threads that finalize left in the kernel in this process (all
   // caches): detached, never joined (release_local()).
   static uint64_t io_threads_left_behind();
@@ -90,6 +95,7 @@ class Cache {
   Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
   Result open_rank();
+  Result open_fanout();  // init step 7 (api/cache_fanout.cpp)
   void release_local();
   uint32_t io_left_ = 0;  // this cache's store threads left in the kernel at finalize
 
@@ -112,6 +118,7 @@ class Cache {
   Placement placement_;
   DeviceStatus device_status_;
   std::unique_ptr<LoadQueue> queue_;
+  std::unique_ptr<Fanout> fanout_;  // UCM_FANOUT=nccl|mpi only
   std::mutex tasks_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared

@@ -58,6 +58,7 @@ constexpr const char* kEvictNames[] = {"clock", "ring", nullptr};
 constexpr const char* kWaitNames[] = {"futex", "poll", nullptr};
 constexpr const char* kHugeNames[] = {"auto", "on", "off", nullptr};
 constexpr const char* kCopyEngineNames[] = {"auto", "cuda", "host", "async-test", nullptr};
+constexpr const char* kFanoutNames[] = {"off", "nccl", "mpi", nullptr};
 
 #define UCM_FIELD(f) static_cast<uint32_t>(offsetof(ucm_config_t, f)), static_cast<uint32_t>(sizeof(ucm_config_t::f))
 using T = TunableType;
@@ -114,6 +115,8 @@ constexpr Tunable kTable[] = {
      "1: a loaded shard stays until every local rank has taken it (or the grace passes)"},
     {"protect_grace_ms", "UCM_PROTECT_GRACE_MS", T::kUint, UCM_FIELD(protect_grace_ms), 1000, 1, 600000, nullptr,
      true, "bound on that protection: a rank that never asks for a shard holds it no longer"},
+    {"fanout", "UCM_FANOUT", T::kEnum, UCM_FIELD(fanout), UCM_FANOUT_OFF, 0, 2, kFanoutNames, true,
+     "read each shard from host memory once per node and broadcast it (loads are then collective in time)"},
 };
 #undef UCM_FIELD
 
@@ -131,7 +134,9 @@ constexpr size_t row_bytes() {
   for (const Tunable& t : kTable) n += t.bytes;
   return n;
 }
-static_assert(row_bytes() + 2 * sizeof(uint32_t) == sizeof(ucm_config_t), "a ucm_config_t field has no tunable row");
+// (Rounded up to the struct's 8-byte alignment: its tail may be padding.)
+static_assert((row_bytes() + 2 * sizeof(uint32_t) + 7) / 8 * 8 == sizeof(ucm_config_t),
+              "a ucm_config_t field has no tunable row");
 
 void* field(ucm_config_t* c, const Tunable& t) { return reinterpret_cast<char*>(c) + t.offset; }
 const void* field(const ucm_config_t& c, const Tunable& t) { return reinterpret_cast<const char*>(&c) + t.offset; }

@@ -95,7 +95,7 @@ std::string describe_config(const ucm_config_t& c);
 // The fields every rank of a node must agree on (the table's layout rows),
 // as (name, value) rows in table order; `backend` is compared by its hash.
 struct AgreementRecord {
-  static constexpr int kFields = 16;  // layout rows in the table (checked in config.cpp)
+  static constexpr int kFields = 17;  // layout rows in the table (checked in config.cpp)
   uint64_t values[kFields];
 };
 AgreementRecord agreement_record(const ucm_config_t& c);

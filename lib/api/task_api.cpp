@@ -60,7 +60,11 @@ ucm_result_t submit_task(ucm_cache_t cache, const char* where, const Entry* entr
   UCM_TRACE(ucm::TraceRange::kSubmit);
   return ucm::cache_call(cache, where, [&](ucm::Cache& c) {
     std::vector<ucm::TaskEntry> es;
-    UCM_CHECK(check_entries(c, entries, n, task, take, ptr_name, &es));
+    const ucm::Result bad = check_entries(c, entries, n, task, take, ptr_name, &es);
+    if (bad != ucm::Result::kOk) {
+      if (kind == ucm::TaskKind::kLoad) c.reject_load(n, ucm::last_error());  // fan-out: it still takes its turn
+      return bad;
+    }
     return c.submit(kind, std::move(es), task);
   });
 }

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "device/host_engine.h"
 #include "ucm_build_config.h"
+#include "ucm_build_config.h"
 #if UCM_HAVE_CUDA
 #include "device/cuda/cuda_engine.h"
 #endif
@@ -44,7 +45,7 @@ DeviceStatus device_status() {
 #endif
   // Finding NCCL at configure time is not using it: no code of the library
   // calls NCCL yet, so the library does not link it and says it is not built.
-  s.nccl_built = false;
+  s.nccl_built = UCM_HAVE_NCCL != 0;  // fan-out's seam calls NCCL (device/cuda/coll_nccl.cpp)
   return s;
 }
 

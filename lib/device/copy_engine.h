@@ -79,7 +79,7 @@ class CopyEngine {
 
 struct DeviceStatus {
   bool cuda_built = false;
-  bool nccl_built = false;    // the library calls NCCL (no code does yet: always false)
+  bool nccl_built = false;    // the library calls NCCL (fan-out's seam is built in)
   int visible_devices = 0;    // 0 without CUDA, or when the runtime reports an error
   bool driver_present = false;// a GPU driver is loaded (/proc/driver/nvidia): a node with GPUs
   std::string cuda_error;     // why there are no devices, when CUDA is built

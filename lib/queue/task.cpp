@@ -32,6 +32,7 @@ void Task::entry_failed(uint32_t index, Result r, const std::string& why) {
     }
     ++failed_;
   }
+  if (on_failed_) on_failed_(index, r, why);
   finish_one();
 }
 

@@ -60,6 +60,9 @@ class Task {
   uint64_t latency_ns() const { return done_ns_.load(std::memory_order_acquire) - submit_ns_; }
   // Runs once, when the last entry finishes, before waiters wake.
   void set_on_done(std::function<void(const Task&)> f) { on_done_ = std::move(f); }
+  // Runs in entry_failed, before the entry counts as finished (fan-out reads
+  // each entry's outcome this way). Set before the task is submitted.
+  void set_on_failed(std::function<void(uint32_t, Result, const std::string&)> f) { on_failed_ = std::move(f); }
 
  private:
   void finish_one();
@@ -81,6 +84,7 @@ class Task {
   uint32_t failed_ = 0;
   std::string failed_keys_;  // "block:shard" of failed entries, the first 16
   std::function<void(const Task&)> on_done_;
+  std::function<void(uint32_t, Result, const std::string&)> on_failed_;
 };
 
 }  // namespace ucm

@@ -478,6 +478,9 @@ const std::vector<Field>& fields() {
       {"backend", Kind::kString, offsetof(ucm_config_t, backend), {}},
       {"copy_engine", Kind::kEnum, offsetof(ucm_config_t, copy_engine), {"auto", "cuda", "host", "async-test"}},
       {"allow_overcommit", Kind::kI32, offsetof(ucm_config_t, allow_overcommit), {}},
+      {"protect", Kind::kI32, offsetof(ucm_config_t, protect), {}},
+      {"protect_grace_ms", Kind::kU32, offsetof(ucm_config_t, protect_grace_ms), {}},
+      {"fanout", Kind::kEnum, offsetof(ucm_config_t, fanout), {"off", "nccl", "mpi"}},
   };
   return f;
 }

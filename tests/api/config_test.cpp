@@ -112,7 +112,8 @@ TEST(ConfigApi, ANullConfigIsNullPointer) {
 
 // ---- the table of tunables -------------------------------------------------
 
-// Every UCM_* variable and default there was before the table: none may change.
+// Every UCM_* variable and default there was before the table: none may change
+// (rows added since: fanout).
 TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
   struct Old {
     const char* name;
@@ -132,6 +133,7 @@ TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
       {"segment_bytes", "UCM_SEGMENT_BYTES", "1073741824"}, {"backend", "UCM_BACKEND", ""},
       {"copy_engine", "UCM_COPY_ENGINE", "auto"},         {"allow_overcommit", "UCM_OVERCOMMIT", "0"},
       {"protect", "UCM_PROTECT", "1"},                    {"protect_grace_ms", "UCM_PROTECT_GRACE_MS", "1000"},
+      {"fanout", "UCM_FANOUT", "off"},
   };
   size_t n = 0;
   const ucm::Tunable* table = ucm::tunables(&n);

@@ -35,8 +35,9 @@ grep -q "^ucmcache $version\$" <<<"$human_v" || fail "-v does not print 'ucmcach
 
 # nccl_built means the library calls NCCL: the report and the library's
 # undefined symbols agree.
+# (Into a variable first: under pipefail, `nm | grep -q` dies of SIGPIPE at random.)
 undefined=$("$nm" -D --undefined-only "$lib")
-if grep -q ' nccl' <<<"$undefined"; then calls=yes; else calls=no; fi
+if grep -q ' nccl' <<< "$undefined"; then calls=yes; else calls=no; fi
 grep -qx "build:nccl:$calls" "$tmp/v" \
   || fail "ucm_info says $(grep '^build:nccl:' "$tmp/v"), the library calling NCCL: $calls"
 

@@ -57,7 +57,17 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace ucm::test
 
 int main(int argc, char** argv) {
+#ifdef UCM_TEST_THREAD_MULTIPLE
+  // Fan-out's thread calls MPI beside the test's (UCM_FANOUT=mpi needs it).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    std::fprintf(stderr, "MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+#else
   MPI_Init(&argc, &argv);
+#endif
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

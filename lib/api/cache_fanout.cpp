@@ -1,0 +1,94 @@
+// Cache's side of fan-out (queue/fanout.h): init step 7, the turn of a
+// refused load, and the stats. The collectives live in boot/coll_mpi.cpp and
+// device/cuda/coll_nccl.cpp.
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/cache.h"
+#include "boot/coll_mpi.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "ucm_build_config.h"
+#if UCM_HAVE_NCCL
+#include "device/cuda/coll_nccl.h"
+#endif
+
+namespace ucm {
+
+Result Cache::open_fanout() {
+  const bool nccl = config_.fanout == UCM_FANOUT_NCCL;
+  const char* engine = engine_ ? engine_->name() : "none (a scheduler rank)";
+  Result local = Result::kOk;
+  if (!queue_)
+    local = fail(Result::kUnsupported, "UCM_FANOUT=%s needs every local rank to load; local rank %d is a scheduler rank",
+                 nccl ? "nccl" : "mpi", node_.local_rank);
+  else if (nccl && std::strcmp(engine, "cuda") != 0)
+    local = fail(Result::kUnsupported,
+                 "UCM_FANOUT=nccl broadcasts device buffers: it needs the cuda copy engine, and local rank %d's is %s "
+                 "(UCM_FANOUT=mpi serves host destinations)",
+                 node_.local_rank, engine);
+  else if (!nccl && std::strcmp(engine, "cuda") == 0)
+    local = fail(Result::kUnsupported,
+                 "UCM_FANOUT=mpi broadcasts host buffers (this MPI is not CUDA-aware), and local rank %d copies with "
+                 "the cuda engine: use UCM_FANOUT=nccl for device destinations",
+                 node_.local_rank);
+  UCM_CHECK(collective_status(node_.node, local));
+
+  FanoutOptions o;
+  o.mode = static_cast<uint32_t>(config_.fanout);
+  o.shard_bytes = config_.shard_bytes;
+  o.step_timeout_ns = uint64_t{config_.timeout_ms} * 1'000'000;
+  o.task_timeout_ns = o.step_timeout_ns;
+  if (const char* s = std::getenv("UCM_FANOUT_TEST_STALL")) {
+    unsigned r = 0;
+    unsigned long long turn = 0;
+    if (std::sscanf(s, "%u:%llu", &r, &turn) == 2) {
+      o.stall_rank = r;
+      o.stall_turn = turn;
+    }
+  }
+  std::unique_ptr<Collective> coll;
+  if (nccl) {
+#if UCM_HAVE_NCCL
+    auto share = [this](void* id, size_t bytes) {
+      if (MPI_Bcast(id, static_cast<int>(bytes), MPI_BYTE, 0, node_.node) != MPI_SUCCESS)
+        return fail(Result::kSystem, "broadcasting the NCCL unique id over the node communicator failed");
+      return Result::kOk;
+    };
+    auto agree = [this](Result r) { return collective_status(node_.node, r); };
+    UCM_CHECK(make_nccl_collective(static_cast<uint32_t>(node_.local_rank), static_cast<uint32_t>(node_.local_size),
+                                   device_id_, share, agree, deadline_after_ms(config_.timeout_ms), &coll));
+#else
+    return fail(Result::kUnsupported, "UCM_FANOUT=nccl: this library was built without NCCL (meson -Dnccl)");
+#endif
+  } else {
+    UCM_CHECK(collective_status(node_.node, make_mpi_collective(node_.node, &coll)));
+  }
+  fanout_ = std::make_unique<Fanout>(queue_.get(), std::move(coll), o);
+  UCM_CHECK(fanout_->start());
+  UCM_INFO(kBoot, "fan-out: %s", fanout_->describe().c_str());
+  return Result::kOk;
+}
+
+void Cache::reject_load(uint64_t n, const std::string& why) {
+  if (!fanout_) return;
+  uint64_t tid;
+  {
+    std::lock_guard<std::mutex> g(tasks_mu_);
+    tid = next_task_id_++;
+  }
+  fanout_->reject(tid, n, why);
+}
+
+void Cache::fanout_stats(ucm_stats_t* s) const {
+  s->fanout_mode = static_cast<uint64_t>(config_.fanout);
+  if (!fanout_) return;
+  const FanoutCounters& c = fanout_->counters();
+  s->fanout_host_bytes = c.host_bytes.load(std::memory_order_relaxed);
+  s->fanout_bcast_bytes = c.bcast_bytes.load(std::memory_order_relaxed);
+  s->fanout_fallbacks = c.fallbacks.load(std::memory_order_relaxed);
+  s->fanout_mismatches = c.mismatches.load(std::memory_order_relaxed);
+}
+
+}  // namespace ucm

@@ -1,0 +1,20 @@
+// The MPI implementation of the fan-out seam (queue/collective.h):
+// MPI_Iallgather and MPI_Ibcast over a duplicate of the node communicator,
+// host buffers only (this Open MPI is not CUDA-aware). The fan-out thread
+// calls MPI while the app's thread may too, so it needs MPI_THREAD_MULTIPLE.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "queue/collective.h"
+
+namespace ucm {
+
+// Collective over `node` (from the app's MPI thread, at init): checks the
+// thread level and duplicates the communicator. kUnsupported naming the
+// level when MPI was not initialized with MPI_THREAD_MULTIPLE.
+[[nodiscard]] Result make_mpi_collective(MPI_Comm node, std::unique_ptr<Collective>* out);
+
+}  // namespace ucm

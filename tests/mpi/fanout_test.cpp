@@ -1,0 +1,296 @@
+// Fan-out (UCM_FANOUT=mpi) under mpirun, on the host engine: the protocol of
+// queue/fanout.h over the MPI seam (boot/coll_mpi.cpp). Every rank submits the
+// same tasks in the same order (the mode's contract) unless a test says
+// otherwise. The binary runs with MPI_THREAD_MULTIPLE (mpi_main.cpp).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
+
+namespace ucm::test {
+namespace {
+
+using Fanout = MpiTest;
+
+ucm_config_t fanout_config(uint64_t slots, const char* backend, ucm_fanout_t mode = UCM_FANOUT_MPI) {
+  ucm_config_t c = task_config(slots, backend);
+  c.copy_engine = UCM_COPY_ENGINE_HOST;
+  c.max_task_entries = 256;
+  c.fanout = mode;
+  return c;
+}
+
+int local_size_of(ucm_cache_t cache) {
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  EXPECT_EQ(ucm_cache_info(cache, &info), UCM_OK) << ucm_last_error(cache);
+  return info.local_size;
+}
+
+int local_rank_of(ucm_cache_t cache) {
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  EXPECT_EQ(ucm_cache_info(cache, &info), UCM_OK) << ucm_last_error(cache);
+  return info.local_rank;
+}
+
+LoadBatch keys_batch(uint64_t first_block, uint64_t n) {
+  LoadBatch b;
+  for (uint64_t i = 0; i < n; ++i) b.add(ukey(first_block + i / 8, static_cast<uint32_t>(i % 8)));
+  return b;
+}
+
+void expect_exact(const LoadBatch& b) {
+  for (size_t i = 0; i < b.entries.size(); ++i)
+    EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i << " (" << key_hex(b.entries[i].key) << ") differs at that offset";
+}
+
+// One task of `kKeys` shards (two chunks of 64: the second chunk's loads
+// overlap the first's broadcasts), cold and then warm, with fan-out and then
+// without it, in the same run: every destination byte-exact; the node reads
+// each shard from its host slots once with fan-out and once per rank without.
+TEST_F(Fanout, OneHostReadPerShardPerNodeAgainstOnePerRank) {
+  constexpr uint64_t kKeys = 100;
+  uint64_t with_reads = 0, without_reads = 0;
+  int n = 0;
+  for (ucm_fanout_t mode : {UCM_FANOUT_MPI, UCM_FANOUT_OFF}) {
+    ucm_config_t cfg = fanout_config(256, "sim:latency_us=50", mode);
+    ucm_cache_t cache = nullptr;
+    ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+    n = local_size_of(cache);
+    const int me = local_rank_of(cache);
+    ucm_cache_info_t info{};
+    info.struct_bytes = sizeof(info);
+    ASSERT_EQ(ucm_cache_info(cache, &info), UCM_OK);
+    EXPECT_EQ(std::string(info.fanout).rfind(mode == UCM_FANOUT_MPI ? "mpi" : "off", 0), 0u) << info.fanout;
+    for (int round = 0; round < 2; ++round) {  // cold, then warm
+      LoadBatch b = keys_batch(70000, kKeys);
+      ASSERT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
+      expect_exact(b);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank's tasks done before the node's counters are read
+    const ucm_stats_t node = node_stats(cache);
+    const ucm_stats_t mine = rank_stats(cache);
+    EXPECT_EQ(mine.fanout_mode, static_cast<uint64_t>(mode));
+    EXPECT_EQ(node.owner_loads, kKeys) << "each shard loaded from the store once per node";
+    if (mode == UCM_FANOUT_MPI) {
+      with_reads = node.bytes_to_device;
+      // Roots: entry i's is local rank i mod n, so each rank read about 1/n.
+      uint64_t rooted = 0;
+      for (uint64_t i = 0; i < kKeys; ++i) rooted += (i % static_cast<uint64_t>(n)) == static_cast<uint64_t>(me);
+      EXPECT_EQ(mine.fanout_host_bytes, 2 * rooted * kTaskShard);
+      EXPECT_EQ(mine.bytes_to_device, 2 * rooted * kTaskShard) << "a rank reads its rooted shards only";
+      EXPECT_EQ(mine.fanout_bcast_bytes, 2 * (kKeys - rooted) * kTaskShard);
+      EXPECT_EQ(mine.fanout_fallbacks, 0u);
+      EXPECT_LE(rooted, kKeys / static_cast<uint64_t>(n) + 1);
+      EXPECT_GE(rooted, kKeys / static_cast<uint64_t>(n));
+    } else {
+      without_reads = node.bytes_to_device;
+      EXPECT_EQ(mine.fanout_host_bytes, 0u);
+    }
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+  }
+  EXPECT_EQ(with_reads, 2 * kKeys * kTaskShard) << "one host-slot read per shard per node, per round";
+  EXPECT_EQ(without_reads, 2 * kKeys * kTaskShard * static_cast<uint64_t>(n)) << "one per rank without fan-out";
+}
+
+// The last rank submits other keys: every rank's task fails with
+// UCM_ERR_BAD_STATE naming both tasks. A rank may have submitted one task
+// more than the others, so the turns are not trusted again: fan-out is off on
+// every rank from then on, and the next task is delivered by per-rank copies.
+TEST_F(Fanout, DifferentTaskOnOneRankIsBadStateOnEveryRank) {
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache);
+  const int me = local_rank_of(cache);
+  if (n < 2) {
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "needs 2 local ranks";
+  }
+  LoadBatch odd = keys_batch(me == n - 1 ? 71100 : 71000, 12);
+  EXPECT_EQ(load_and_wait(cache, odd), UCM_ERR_BAD_STATE);
+  const std::string why = ucm_last_error(cache);
+  EXPECT_NE(why.find("different tasks"), std::string::npos) << why;
+  EXPECT_NE(why.find("local rank 0's task"), std::string::npos) << why;
+  EXPECT_NE(why.find("local rank " + std::to_string(n - 1) + "'s task"), std::string::npos) << why;
+  for (size_t i = 0; i < odd.entries.size(); ++i) EXPECT_TRUE(odd.untouched(i)) << "entry " << i;
+  LoadBatch same = keys_batch(71200, 12);
+  ASSERT_EQ(load_and_wait(cache, same), UCM_OK) << ucm_last_error(cache);
+  expect_exact(same);
+  EXPECT_EQ(rank_stats(cache).fanout_mismatches, 1u);
+  EXPECT_EQ(rank_stats(cache).fanout_fallbacks, 1u) << "the next task ran as per-rank copies";
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  ASSERT_EQ(ucm_cache_info(cache, &info), UCM_OK);
+  EXPECT_EQ(std::string(info.fanout).rfind("off since", 0), 0u) << info.fanout;
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// One rank submits a task more than its peers: its extra task is paired with
+// their next one, both fail with UCM_ERR_BAD_STATE, and no later task hangs or
+// fails (fan-out is off from then on).
+TEST_F(Fanout, ExtraTaskOnOneRankNeverUnpairsLaterTasks) {
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache);
+  const int me = local_rank_of(cache);
+  if (n < 2) {
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "needs 2 local ranks";
+  }
+  if (me == 0) {
+    LoadBatch extra = keys_batch(71500, 4);
+    EXPECT_EQ(load_and_wait(cache, extra), UCM_ERR_BAD_STATE) << ucm_last_error(cache);
+  }
+  for (int task = 0; task < 3; ++task) {
+    LoadBatch b = keys_batch(71600 + 100 * task, 8);
+    const ucm_result_t r = load_and_wait(cache, b);
+    if (task == 0 && me != 0) {
+      EXPECT_EQ(r, UCM_ERR_BAD_STATE) << ucm_last_error(cache);
+      continue;
+    }
+    ASSERT_EQ(r, UCM_OK) << "task " << task << ": " << ucm_last_error(cache);
+    expect_exact(b);
+  }
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// A load that one rank refuses (a repeated key) still takes that rank's turn:
+// the others fail theirs naming the refusal, and the next task is paired.
+TEST_F(Fanout, RefusedLoadStillTakesItsTurn) {
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache);
+  const int me = local_rank_of(cache);
+  if (n < 2) {
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "needs 2 local ranks";
+  }
+  LoadBatch b = keys_batch(72000, 6);
+  if (me == 1) b.entries[5].key = b.entries[0].key;
+  const ucm_result_t r = load_and_wait(cache, b);
+  const std::string why = ucm_last_error(cache);
+  if (me == 1) {
+    EXPECT_EQ(r, UCM_ERR_DUPLICATE_KEY) << why;
+  } else {
+    EXPECT_EQ(r, UCM_ERR_BAD_STATE) << why;
+    EXPECT_NE(why.find("local rank 1 refused its task"), std::string::npos) << why;
+  }
+  LoadBatch next = keys_batch(72100, 6);
+  ASSERT_EQ(load_and_wait(cache, next), UCM_OK) << ucm_last_error(cache);
+  expect_exact(next);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// A shard whose load fails (the sim store fails it) is not broadcast: every
+// rank gets UCM_ERR_BACKEND naming that key, its destination untouched on
+// the ranks it was not loaded on, and every other entry delivered.
+TEST_F(Fanout, FailedLoadFailsThatKeyOnEveryRank) {
+  // Entry 5 is block 73000 shard 5 (keys_batch: 8 shards per block).
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50,fail_keys=73000.5");
+  cfg.load_retries = 0;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache);
+  const int me = local_rank_of(cache);
+  LoadBatch b = keys_batch(73000, 16);
+  EXPECT_EQ(load_and_wait(cache, b), UCM_ERR_BACKEND);
+  const std::string why = ucm_last_error(cache);
+  EXPECT_NE(why.find(key_hex(b.entries[5].key)), std::string::npos) << why;
+  EXPECT_NE(why.find("1 of 16 entries failed"), std::string::npos) << why;
+  for (size_t i = 0; i < b.entries.size(); ++i) {
+    if (i == 5) {
+      if (static_cast<int>(i % static_cast<size_t>(n)) != me) {
+        EXPECT_TRUE(b.untouched(i)) << "not broadcast";
+      }
+      continue;
+    }
+    EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
+  }
+  EXPECT_EQ(node_stats(cache).owner_loads, 16u) << "one try of the failing key, once per node";
+  // The cache and the turns stay usable.
+  LoadBatch next = keys_batch(73100, 16);
+  ASSERT_EQ(load_and_wait(cache, next), UCM_OK) << ucm_last_error(cache);
+  expect_exact(next);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// A rank that stops calling (the test hook: local rank 1 does not post its
+// broadcasts of turn 1 and falls back): its peers' broadcast passes its bound,
+// they abort and fall back to per-rank copies from the host slots; every
+// destination is still exact, the fallback is counted, and later tasks (per
+// rank from then on) work.
+TEST_F(Fanout, StalledRankFallsBackToPerRankCopies) {
+  setenv("UCM_FANOUT_TEST_STALL", "1:1", 1);
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  cfg.timeout_ms = 1500;  // the bound each collective step gets
+  ucm_cache_t cache = nullptr;
+  const ucm_result_t init = ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache);
+  unsetenv("UCM_FANOUT_TEST_STALL");
+  ASSERT_EQ(init, UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache);
+  if (n < 2) {
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "needs 2 local ranks";
+  }
+  LoadBatch b = keys_batch(74000, 24);
+  ASSERT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
+  expect_exact(b);
+  EXPECT_GE(rank_stats(cache).fanout_fallbacks, 1u);
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  ASSERT_EQ(ucm_cache_info(cache, &info), UCM_OK);
+  EXPECT_EQ(std::string(info.fanout).rfind("off since", 0), 0u) << info.fanout;
+  LoadBatch next = keys_batch(74100, 24);
+  ASSERT_EQ(load_and_wait(cache, next), UCM_OK) << ucm_last_error(cache);
+  expect_exact(next);
+  EXPECT_GE(rank_stats(cache).fanout_fallbacks, 2u);
+  // The stalled rank is done long before its peers' bound passes: meet first,
+  // so that finalize's own bound (the same timeout_ms) starts together.
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// Pretend nodes of 2 ranks (of 1 at -np 2... of 2 at -np 4): each node's
+// ranks fan out among themselves only, one host read per shard per node.
+TEST_F(Fanout, PretendNodesFanOutWithinEachNode) {
+  const uint32_t per = world_size() >= 4 ? 2 : 1;
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  cfg.ranks_per_node = per;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_EQ(local_size_of(cache), static_cast<int>(per));
+  ucm_cache_info_t info{};
+  info.struct_bytes = sizeof(info);
+  ASSERT_EQ(ucm_cache_info(cache, &info), UCM_OK);
+  EXPECT_NE(std::string(info.fanout).find("over " + std::to_string(per) + " local ranks"), std::string::npos)
+      << info.fanout;
+  LoadBatch b = keys_batch(75000, 40);
+  ASSERT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
+  expect_exact(b);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(node_stats(cache).bytes_to_device, 40 * kTaskShard) << "one host read per shard per (pretend) node";
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// Mode checks at init: fan-out over MPI broadcasts host buffers, NCCL needs
+// the cuda engine; both refusals are the same error on every rank.
+TEST_F(Fanout, InitRefusesNcclOnTheHostEngine) {
+  ucm_config_t cfg = fanout_config(64, "sim:latency_us=50", UCM_FANOUT_NCCL);
+  ucm_cache_t cache = nullptr;
+  EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_ERR_UNSUPPORTED);
+  const std::string why = ucm_last_error(nullptr);
+  EXPECT_NE(why.find("UCM_FANOUT=nccl"), std::string::npos) << why;
+  EXPECT_EQ(cache, nullptr);
+}
+
+}  // namespace
+}  // namespace ucm::test
