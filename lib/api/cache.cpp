@@ -307,8 +307,8 @@ void Cache::release_local() {
   if (io_left_ > 0) (void)data_.fence_off();
   if (joined_) {
     const uint32_t walked = ctrl_.leave(static_cast<uint32_t>(node_.local_rank), holds_references);
-    UCM_INFO(kApi, "finalize: local rank %d %s", node_.local_rank,
-             walked ? "held references: walked every slot to release them" : "held nothing: no slot walk");
+    UCM_DEBUG(kApi, "finalize: local rank %d %s", node_.local_rank,
+              walked ? "held references: walked every slot to release them" : "held nothing: no slot walk");
   }
   joined_ = false;
   data_ = BufferData();
