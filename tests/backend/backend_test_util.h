@@ -14,10 +14,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
+#include "backend/sim_content.h"
 #include "common/test_util.h"
 #include "common/time.h"
 
@@ -143,5 +145,40 @@ struct TempDir {
 };
 
 inline std::string res(Result r) { return result_name(r); }
+
+// Dumps shards [0, n) of each block with their sim content; true if all succeed.
+inline void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  for (uint64_t blk : blocks)
+    for (uint32_t s = 0; s < shards; ++s) {
+      sim_fill(key(blk, s), buf.get(), bytes);
+      const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
+      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
+    }
+}
+
+// Loads them back and checks every byte.
+inline void expect_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  for (uint64_t blk : blocks)
+    for (uint32_t s = 0; s < shards; ++s) {
+      std::memset(buf.get(), 0xA5, bytes);
+      const SyncResult r = load_sync(b, key(blk, s), buf.get(), bytes);
+      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
+      ASSERT_EQ(sim_verify(key(blk, s), buf.get(), bytes), bytes) << "block " << blk << " shard " << s;
+    }
+}
+
+// Returns the result of loading one shard (the buffer content is not checked).
+inline SyncResult load_one(Backend* b, const Key& k, uint64_t bytes) {
+  AlignedBuf buf(bytes);
+  return load_sync(b, k, buf.get(), bytes);
+}
+
+inline bool exists(Backend* b, const Key& k) {
+  bool out = true;
+  EXPECT_EQ(res(b->exists(k, &out)), res(Result::kOk)) << last_error();
+  return out;
+}
 
 }  // namespace ucm::test

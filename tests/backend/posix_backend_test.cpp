@@ -75,41 +75,6 @@ std::string fs_type(const std::string& dir) {
   return best_type;
 }
 
-// Dumps shards [0, n) of each block with their sim content; true if all succeed.
-void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  for (uint64_t blk : blocks)
-    for (uint32_t s = 0; s < shards; ++s) {
-      sim_fill(key(blk, s), buf.get(), bytes);
-      const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
-      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
-    }
-}
-
-// Loads them back and checks every byte.
-void expect_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  for (uint64_t blk : blocks)
-    for (uint32_t s = 0; s < shards; ++s) {
-      std::memset(buf.get(), 0xA5, bytes);
-      const SyncResult r = load_sync(b, key(blk, s), buf.get(), bytes);
-      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
-      ASSERT_EQ(sim_verify(key(blk, s), buf.get(), bytes), bytes) << "block " << blk << " shard " << s;
-    }
-}
-
-// Returns the result of loading one shard (the buffer content is not checked).
-SyncResult load_one(Backend* b, const Key& k, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  return load_sync(b, k, buf.get(), bytes);
-}
-
-bool exists(Backend* b, const Key& k) {
-  bool out = true;
-  EXPECT_EQ(res(b->exists(k, &out)), res(Result::kOk)) << last_error();
-  return out;
-}
-
 void xor_byte_at(const std::string& path, off_t off, uint8_t mask) {
   int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0) << path << ": " << strerror(errno);

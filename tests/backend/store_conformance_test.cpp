@@ -86,38 +86,6 @@ struct StoreName {
 using Stores = ::testing::Types<SimStore, PosixStore>;
 TYPED_TEST_SUITE(StoreContract, Stores, StoreName);
 
-void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  for (uint64_t blk : blocks)
-    for (uint32_t s = 0; s < shards; ++s) {
-      sim_fill(key(blk, s), buf.get(), bytes);
-      const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
-      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
-    }
-}
-
-void expect_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_t shards, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  for (uint64_t blk : blocks)
-    for (uint32_t s = 0; s < shards; ++s) {
-      std::memset(buf.get(), 0xA5, bytes);
-      const SyncResult r = load_sync(b, key(blk, s), buf.get(), bytes);
-      ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
-      ASSERT_EQ(sim_verify(key(blk, s), buf.get(), bytes), bytes) << "block " << blk << " shard " << s;
-    }
-}
-
-SyncResult load_one(Backend* b, const Key& k, uint64_t bytes) {
-  AlignedBuf buf(bytes);
-  return load_sync(b, k, buf.get(), bytes);
-}
-
-bool exists(Backend* b, const Key& k) {
-  bool out = true;
-  EXPECT_EQ(res(b->exists(k, &out)), res(Result::kOk)) << last_error();
-  return out;
-}
-
 TYPED_TEST(StoreContract, DumpedShardsLoadBackByteExact) {
   constexpr uint64_t kBytes = TestFixture::kShard;
   auto b = this->make(4);
