@@ -320,10 +320,9 @@ void Cache::stop_tasks() noexcept {
   try {
     // The queue's threads first: once a wait has returned, nothing more is
     // written into its task's destinations. Fan-out's thread before them: it
-    // submits to the queue.
+    // submits to the queue. This rank copies nothing more, so no peer's load
+    // waits for it (ctrl/protect.h).
     if (fanout_) fanout_->stop();
-    // written into its task's destinations. This rank copies nothing more,
-    // so no peer's load waits for it (ctrl/protect.h).
     if (queue_ && joined_) ctrl_.set_copier(static_cast<uint32_t>(node_.local_rank), false);
     if (queue_) queue_->stop();
   } catch (...) {
