@@ -505,14 +505,25 @@ void PosixBackend::do_dump(IoRequest* req) {
   }
   h.check = header_check(h);
   const ssize_t n = transfer(req, fd, false);
-  ssize_t hn = 0;
-  if (n >= 0 && opts_.sync && fdatasync(fd) != 0) hn = -errno;
-  if (n >= 0 && hn == 0)
-    hn = pwrite_full(fd, &h, sizeof(h), static_cast<off_t>(index_off_ + uint64_t{req->key.shard} * sizeof(h)));
-  if (n < 0 || hn < 0) {
+  // With sync on, OK means durable, in this order: the shard's bytes (so a
+  // header never vouches for bytes a power cut lost), then the header that
+  // says the shard exists, then the file's name in its directory. The name
+  // is synced on every dump, not only by the one that created the file: a
+  // concurrent dump of another shard may have created it and not be done.
+  const char* what = "shard";
+  ssize_t err = n < 0 ? n : 0;
+  if (err == 0 && opts_.sync && fdatasync(fd) != 0) err = -errno, what = "shard (fdatasync)";
+  if (err == 0) {
+    const ssize_t hn =
+        pwrite_full(fd, &h, sizeof(h), static_cast<off_t>(index_off_ + uint64_t{req->key.shard} * sizeof(h)));
+    if (hn < 0) err = hn, what = "header";
+  }
+  if (err == 0 && opts_.sync && fdatasync(fd) != 0) err = -errno, what = "header (fdatasync)";
+  if (err == 0 && opts_.sync && fsync(dir_fd_) != 0) err = -errno, what = "directory entry (fsync of the store directory)";
+  if (err < 0) {
     req->result = Result::kBackend;
-    key_error(req->error, sizeof(req->error), req->key, path, "writing the %s: %s", n < 0 ? "shard" : "header",
-              strerror(static_cast<int>(n < 0 ? -n : -hn)));
+    key_error(req->error, sizeof(req->error), req->key, path, "writing the %s: %s", what,
+              strerror(static_cast<int>(-err)));
   } else {
     req->result = Result::kOk;
   }
