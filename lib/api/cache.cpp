@@ -16,6 +16,7 @@
 #include "common/time.h"
 #include "ctrl/departure.h"
 #include "ctrl/recovery.h"
+#include "queue/counters.h"
 #include "ucm_build_config.h"
 
 namespace ucm {
@@ -83,7 +84,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   const Result mine = ok(arg_error) ? guarded("ucm_cache_init", [&] { return check_config(config_); })
                                     : fail(arg_error, "%s", arg_message.c_str());
   UCM_CHECK(collective_status(node_.comm, mine));
-  UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, config_)));
+  UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, agreement(config_))));
   // The bootstrap's decisions at UCM_LOG=info: once per node (local rank 0),
   // except the device and placement line at the end, one per rank.
   if (node_.local_rank == 0) {
@@ -510,28 +511,30 @@ Result Cache::test(uint64_t id, int* done) {
 
 namespace {
 
-void add_counters(const RankCounters& c, ucm_stats_t* s, uint64_t* hist) {
+void add_counters(const RankRecord& rec, ucm_stats_t* s, uint64_t* hist) {
   auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  s->tasks += v(c.tasks);
-  s->shards += v(c.shards);
+  const RankCounters& c = rec.counters;
+  const QueueCounters& q = queue_counters(rec);
+  s->tasks += v(q.tasks);
+  s->shards += v(q.shards);
   s->hits += v(c.hits);
-  s->owner_loads += v(c.backend_loads);
-  s->load_failures += v(c.load_failures);
+  s->owner_loads += v(q.backend_loads);
+  s->load_failures += v(q.load_failures);
   s->waits += v(c.waits);
-  s->wait_ns += v(c.wait_ns);
+  s->wait_ns += v(q.wait_ns);
   s->takeovers += v(c.takeovers);
   s->evictions += v(c.evictions);
   s->no_space += v(c.no_space);
   s->prealloc_made += v(c.prealloc_made);
   s->prealloc_used += v(c.prealloc_used);
-  s->failed_shards += v(c.failed_shards);
-  s->bytes_from_backend += v(c.bytes_from_backend);
-  s->bytes_to_device += v(c.bytes_to_device);
-  s->dumps += v(c.dumps);
-  s->bytes_dumped += v(c.bytes_dumped);
-  s->direct_fallbacks += v(c.direct_fallbacks);
-  for (uint32_t i = 0; i < kLatencyBuckets; ++i) hist[i] += v(c.latency_us[i]);
-  s->latency_max_us = std::max(s->latency_max_us, v(c.latency_max_us));
+  s->failed_shards += v(q.failed_shards);
+  s->bytes_from_backend += v(q.bytes_from_backend);
+  s->bytes_to_device += v(q.bytes_to_device);
+  s->dumps += v(q.dumps);
+  s->bytes_dumped += v(q.bytes_dumped);
+  s->direct_fallbacks += v(q.direct_fallbacks);
+  for (uint32_t i = 0; i < kLatencyBuckets; ++i) hist[i] += v(q.latency_us[i]);
+  s->latency_max_us = std::max(s->latency_max_us, v(q.latency_max_us));
 }
 
 // Log-linear buckets: each percentile is within 1/32 of the exact value
@@ -552,7 +555,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     s.struct_bytes = rank->struct_bytes;
     s.ranks = 1;
     uint64_t hist[kLatencyBuckets] = {};
-    add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)).counters, &s, hist);
+    add_counters(ctrl_.rank(static_cast<uint32_t>(node_.local_rank)), &s, hist);
     percentiles(hist, &s);
     fanout_stats(&s);
     std::memcpy(rank, &s, std::min<size_t>(rank->struct_bytes, sizeof(s)));
@@ -563,7 +566,7 @@ void Cache::stats(ucm_stats_t* rank, ucm_stats_t* node) const {
     s.struct_bytes = node->struct_bytes;
     s.ranks = ctrl_.max_ranks();
     uint64_t hist[kLatencyBuckets] = {};
-    for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r).counters, &s, hist);
+    for (uint32_t r = 0; r < ctrl_.max_ranks(); ++r) add_counters(ctrl_.rank(r), &s, hist);
     percentiles(hist, &s);
     fanout_stats(&s);
     std::memcpy(node, &s, std::min<size_t>(node->struct_bytes, sizeof(s)));

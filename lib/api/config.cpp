@@ -476,4 +476,6 @@ const char* agreement_field_name(int i) {
   return "?";
 }
 
+Agreement agreement(const ucm_config_t& c) { return {agreement_record(c), agreement_field_name, c.backend, sizeof(c.backend)}; }
+
 }  // namespace ucm

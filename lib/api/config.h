@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "boot/agreement.h"
 #include "common/result.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
@@ -94,12 +95,10 @@ std::string describe_config(const ucm_config_t& c);
 
 // The fields every rank of a node must agree on (the table's layout rows),
 // as (name, value) rows in table order; `backend` is compared by its hash.
-struct AgreementRecord {
-  static constexpr int kFields = 17;  // layout rows in the table (checked in config.cpp)
-  uint64_t values[kFields];
-};
 AgreementRecord agreement_record(const ucm_config_t& c);
 const char* agreement_field_name(int i);
+// What boot's agree_on_config compares: c's record, the names, c's backend.
+Agreement agreement(const ucm_config_t& c);
 
 // A hash of every layout row of the table: its name, type and value (the
 // agreement record's). layout_from_config puts it into CtrlParams, so the

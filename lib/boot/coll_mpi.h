@@ -1,4 +1,4 @@
-// The MPI implementation of the fan-out seam (queue/collective.h):
+// The MPI implementation of the fan-out seam (common/collective.h):
 // MPI_Iallgather and MPI_Ibcast over a duplicate of the node communicator,
 // host buffers only (this Open MPI is not CUDA-aware). The fan-out thread
 // calls MPI while the app's thread may too, so it needs MPI_THREAD_MULTIPLE.
@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "queue/collective.h"
+#include "common/collective.h"
 
 namespace ucm {
 

@@ -6,7 +6,6 @@
 #include <cinttypes>
 #include <cstring>
 
-#include "api/config.h"
 #include "ctrl/layout.h"
 #include "common/log.h"
 
@@ -107,24 +106,26 @@ void node_teardown(NodeContext* n) {
   if (n->comm != MPI_COMM_NULL) MPI_Comm_free(&n->comm);
 }
 
-Result agree_on_config(const NodeContext& n, const ucm_config_t& c) {
-  const AgreementRecord mine = agreement_record(c);
+Result agree_on_config(const NodeContext& n, const Agreement& a) {
+  const AgreementRecord& mine = a.record;
   std::vector<AgreementRecord> all(n.local_size);
   UCM_MPI(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, n.node));
+  const size_t backend_bytes = a.backend_bytes;
+  const int bytes = static_cast<int>(backend_bytes);
   for (int r = 1; r < n.local_size; ++r) {
     for (int f = 0; f < AgreementRecord::kFields; ++f) {
       if (all[r].values[f] == all[0].values[f]) continue;
-      if (std::strcmp(agreement_field_name(f), "backend") == 0) {
+      if (std::strcmp(a.field_name(f), "backend") == 0) {
         // Compare the text itself to say what differs.
-        std::vector<char> specs(static_cast<size_t>(n.local_size) * sizeof(c.backend));
-        UCM_MPI(MPI_Allgather(c.backend, sizeof(c.backend), MPI_CHAR, specs.data(), sizeof(c.backend), MPI_CHAR, n.node));
+        std::vector<char> specs(static_cast<size_t>(n.local_size) * backend_bytes);
+        UCM_MPI(MPI_Allgather(a.backend, bytes, MPI_CHAR, specs.data(), bytes, MPI_CHAR, n.node));
         return fail(Result::kConfigMismatch,
                     "config field backend differs on node %d: local rank 0 has \"%s\", local rank %d has \"%s\"",
-                    n.node_id, specs.data(), r, specs.data() + static_cast<size_t>(r) * sizeof(c.backend));
+                    n.node_id, specs.data(), r, specs.data() + static_cast<size_t>(r) * backend_bytes);
       }
       return fail(Result::kConfigMismatch,
                   "config field %s differs on node %d: local rank 0 has %" PRIu64 ", local rank %d has %" PRIu64,
-                  agreement_field_name(f), n.node_id, all[0].values[f], r, all[r].values[f]);
+                  a.field_name(f), n.node_id, all[0].values[f], r, all[r].values[f]);
     }
   }
   return Result::kOk;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "boot/agreement.h"
 #include "common/result.h"
 #include "sync/process_identity.h"
 #include "ucmcache/ucm.h"
@@ -46,9 +47,9 @@ void node_teardown(NodeContext* n);
 // returns the first failing rank's result and message ("rank 3: ...").
 [[nodiscard]] Result collective_status(MPI_Comm comm, Result local);
 
-// The node's ranks compare every layout field with local rank 0's; a
-// difference is the same error on each of them, naming the field, the ranks
-// and both values.
-[[nodiscard]] Result agree_on_config(const NodeContext& n, const ucm_config_t& c);
+// The node's ranks compare every field of their records with local rank 0's;
+// a difference is the same error on each of them, naming the field, the
+// ranks and both values (for "backend", both specs).
+[[nodiscard]] Result agree_on_config(const NodeContext& n, const Agreement& mine);
 
 }  // namespace ucm

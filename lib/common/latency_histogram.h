@@ -12,7 +12,7 @@
 //
 // Pure functions over an array of counts: no atomics, no allocation, no MPI.
 // The shared control region keeps kLatencyBuckets atomic counters per rank
-// (ctrl/layout.h); readers copy them into a plain array and call these.
+// (queue/counters.h); readers copy them into a plain array and call these.
 #pragma once
 
 #include <cstddef>

@@ -43,8 +43,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/latency_histogram.h"
-
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
@@ -217,7 +215,7 @@ static_assert(offsetof(CtrlGlobals, recovery_lock) == 192);
 
 enum class RankState : uint32_t { kFree = 0, kJoining = 1, kAlive = 2, kReaping = 3 };
 
-// Per-rank counters; only rank r writes its own (relaxed adds), recovery never.
+// Per-rank counters of the cache core; only rank r writes its own (relaxed adds).
 struct RankCounters {
   std::atomic<uint64_t> hits;
   std::atomic<uint64_t> owner_misses;       // new key: victim taken, this rank loads
@@ -229,27 +227,14 @@ struct RankCounters {
   std::atomic<uint64_t> prealloc_used;      // a takeover of a preallocated slot
   std::atomic<uint64_t> touched_slots;
   std::atomic<uint64_t> reaps;              // dead ranks this rank recovered
-  // The load queue's (queue/): tasks and shards through this rank.
-  std::atomic<uint64_t> tasks;
-  std::atomic<uint64_t> shards;
-  std::atomic<uint64_t> backend_loads;      // loads this rank issued as owner
-  std::atomic<uint64_t> load_failures;      // of those, failed
-  std::atomic<uint64_t> wait_ns;            // time copier items spent waiting for Ready
-  std::atomic<uint64_t> bytes_from_backend;
-  std::atomic<uint64_t> bytes_to_device;
-  std::atomic<uint64_t> dumps;              // shards this rank wrote through
-  std::atomic<uint64_t> bytes_dumped;
-  std::atomic<uint64_t> failed_shards;      // entries that failed their task
-  std::atomic<uint64_t> direct_fallbacks;   // backend I/Os refused as direct, redone buffered
-  // Task latency, submit to completion, in microseconds: log-linear buckets
-  // (common/latency_histogram.h, within 1/32 of the exact value) and the
-  // exact maximum (a CAS max: the threads of rank r that complete tasks).
-  std::atomic<uint64_t> latency_max_us;
-  std::atomic<uint64_t> latency_us[kLatencyBuckets];
 };
-static_assert(sizeof(RankCounters) == 8 * (22 + kLatencyBuckets));
+static_assert(sizeof(RankCounters) == 8 * 10);
 
 // One per local rank, 4 KiB each. Line 0 is the identity; the counters follow.
+// The rest of the record belongs to the load queue: its per-rank counters
+// (queue/counters.h, a layer above this one). The region reserves the bytes
+// (zero in a new region) and never reads them, so where every byte lies is
+// decided here, and what the queue counts is decided in queue/.
 struct alignas(64) RankRecord {
   std::atomic<uint32_t> state;        // rank r (join/leave), recovery (reap): RankState
   std::atomic<int32_t> pid;           // rank r, before state = kAlive
@@ -257,8 +242,9 @@ struct alignas(64) RankRecord {
   std::atomic<uint64_t> generation;   // rank r: bumped at each join
   uint8_t pad_[40];
   alignas(64) RankCounters counters;
-  uint8_t tail_[4096 - 64 - sizeof(RankCounters)];
+  alignas(8) uint8_t queue_area[4096 - 64 - sizeof(RankCounters)];  // rank r's queue only
 };
+static_assert(offsetof(RankRecord, queue_area) == 144);
 static_assert(sizeof(RankRecord) == 4096);
 
 struct Bucket {

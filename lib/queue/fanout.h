@@ -26,7 +26,7 @@
 // later tasks run as per-rank copies too (counted), so no rank waits on a
 // communicator that another rank left. The collective seam guarantees that
 // nothing lands in a destination after its call returned
-// (queue/collective.h), so an entry reported done stays as delivered.
+// (common/collective.h), so an entry reported done stays as delivered.
 #pragma once
 
 #include <atomic>
@@ -38,7 +38,7 @@
 #include <string>
 #include <thread>
 
-#include "queue/collective.h"
+#include "common/collective.h"
 #include "queue/load_queue.h"
 #include "queue/task.h"
 

@@ -66,7 +66,7 @@ LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, c
       engine_(engine),
       placement_(placement),
       opts_(opts),
-      ctr_(&cache->ctrl().rank(opts.local_rank).counters) {}
+      ctr_(&queue_counters(cache->ctrl().rank(opts.local_rank))) {}
 
 LoadQueue::~LoadQueue() { stop(); }
 

@@ -69,6 +69,7 @@
 #include "backend/backend.h"
 #include "cache/cache_buffer.h"
 #include "device/copy_engine.h"
+#include "queue/counters.h"
 #include "queue/task.h"
 #include "topo/placement.h"
 
@@ -186,7 +187,7 @@ class LoadQueue {
   CopyEngine* engine_;
   Placement placement_;
   QueueOptions opts_;
-  RankCounters* ctr_;
+  QueueCounters* ctr_;
   std::unique_ptr<CopyStream> copy_stream_;
   std::unique_ptr<CopyStream> dump_stream_;
 

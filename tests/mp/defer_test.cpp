@@ -105,7 +105,7 @@ void run(const TestCache& tc, DeferShared* sh, uint32_t rank) {
   EXPECT_EQ(t->result(), Result::kOk) << t->error();
   for (uint32_t i = 0; i < kKeys; ++i)
     EXPECT_EQ(sim_verify(task_key(i), dst[i].data(), kShardBytes), kShardBytes) << "rank " << rank << " key " << i;
-  sh->loads[rank].store(me.cache->counters().backend_loads.load());
+  sh->loads[rank].store(queue_counters(me.cache->ctrl().rank(rank)).backend_loads.load());
   if (rank == 0) {
     const LoadQueue::DeferStats d = me.queue->defer_stats();
     sh->sleeps.store(d.sleeps);

@@ -128,6 +128,21 @@ TEST_F(Boot, PretendNodesOfTwoGetTwoRegionsWithoutCrossTalk) {
   EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
 }
 
+// The backend row is compared by hash; the message shows both specs as text
+// (boot gathers the text the api layer hands it with the record).
+TEST_F(Boot, ARankWithAnotherStoreSpecFailsEveryRankShowingBothSpecs) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  ucm_config_t cfg = small_config();
+  if (world_rank() == world_size() - 1) std::snprintf(cfg.backend, sizeof(cfg.backend), "sim:latency_us=7");
+  ucm_cache_t cache = nullptr;
+  EXPECT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_ERR_CONFIG_MISMATCH);
+  EXPECT_EQ(cache, nullptr);
+  const std::string e = ucm_last_error(nullptr);
+  EXPECT_NE(e.find("config field backend differs"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"sim:latency_us=0\""), std::string::npos) << e;
+  EXPECT_NE(e.find("\"sim:latency_us=7\""), std::string::npos) << e;
+}
+
 TEST_F(Boot, ARankWithAnotherShardSizeFailsEveryRankNamingTheField) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   ucm_config_t cfg = small_config();

@@ -1,4 +1,4 @@
-// The NCCL implementation of the fan-out seam (queue/collective.h): a node
+// The NCCL implementation of the fan-out seam (common/collective.h): a node
 // communicator over the local ranks' GPUs, device buffers. Built only when
 // NCCL is found (meson -Dnccl, -Dnccl_prefix); it never includes MPI: the
 // unique id travels through `share_id` (an MPI_Bcast in api/cache_fanout.cpp).
@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "queue/collective.h"
+#include "common/collective.h"
 
 namespace ucm {
 

@@ -2,7 +2,9 @@
 // the two things the protocol asks of it. Two implementations: MPI
 // (boot/coll_mpi.cpp, MPI_Iallgather / MPI_Ibcast over the node
 // communicator, host buffers) and NCCL (device/cuda/coll_nccl.cpp, device
-// buffers). The protocol itself never includes MPI or NCCL.
+// buffers). The protocol itself never includes MPI or NCCL. The seam sits in
+// common/: queue/ (the protocol), boot/ (MPI) and device/cuda/ (NCCL) all
+// use it, and device/ is a layer below queue/ (docs/design.md, section 3).
 //
 // Every call is bounded by its absolute deadline (and by the stop flag the
 // owner passes in): past it the call returns kTimeout; a communicator error
