@@ -298,29 +298,23 @@ void PosixBackend::submit(IoRequest* req, bool is_load) {
   cv_.notify_one();
 }
 
-PosixBackend::Occupancy PosixBackend::occupancy() const {
-  std::lock_guard<std::mutex> g(const_cast<std::mutex&>(mu_));
+PosixBackend::Occupancy PosixBackend::occupancy() {
+  std::lock_guard<std::mutex> g(mu_);
   Occupancy o = occ_;
   o.syscalls = load_syscalls_.load(std::memory_order_relaxed);
   return o;
 }
 
 void PosixBackend::worker() {
-  bool was_load = false;  // this worker's last request was a load
   for (;;) {
     std::pair<IoRequest*, bool> item;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (was_load) {
-        --busy_loads_;
-        if (busy_loads_ == 0 && queue_.empty()) ++occ_.dry_spells;
-      }
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
       if (stopping_) break;
       item = queue_.front();
       queue_.pop_front();
-      was_load = item.second;
-      if (was_load) {
+      if (item.second) {
         ++busy_loads_;
         ++occ_.loads;
         occ_.busy_sum += busy_loads_;
@@ -333,8 +327,14 @@ void PosixBackend::worker() {
       counters_.load_started();  // in flight = on an I/O thread, not queued
       const uint64_t calls0 = t_syscalls;
       do_load(item.first);
-      load_syscalls_.fetch_add(t_syscalls - calls0 + 1, std::memory_order_relaxed);  // + its close()
+      load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
       counters_.load_finished(*item.first);
+      {
+        // Before done(): whoever the completion wakes sees this load ended.
+        std::lock_guard<std::mutex> g(mu_);
+        --busy_loads_;
+        if (busy_loads_ == 0 && queue_.empty()) ++occ_.dry_spells;
+      }
     } else {
       UCM_TRACE(TraceRange::kBackendDump);
       do_dump(item.first);
@@ -518,6 +518,7 @@ void PosixBackend::do_load(IoRequest* req) {
       }
     }
   }
+  ++t_syscalls;
   close(fd);
 }
 

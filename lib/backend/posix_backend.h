@@ -120,7 +120,7 @@ class PosixBackend final : public Backend {
     uint64_t dry_spells = 0;       // the store went from a load in flight to none, nothing queued
     uint64_t syscalls = 0;         // system calls made for loads (open, fstat, reads, fcntl, close)
   };
-  Occupancy occupancy() const;
+  Occupancy occupancy();
 
   // Whether direct I/O is (still) used: false once the file system refused it.
   bool direct_io() const { return direct_ok_.load(std::memory_order_relaxed); }
