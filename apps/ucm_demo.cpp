@@ -5,7 +5,13 @@
 //            one shard per layer) and dumps them: one write per shard per node
 //   decode   steps that load the prompts back layer by layer (one task per
 //            layer, one shard per block), touching the hot shared-prefix
-//            blocks first, and verify every byte that lands
+//            blocks first, and verify every byte that lands. As an engine
+//            prefetches, up to --window W layer tasks are in flight (default
+//            2): layer l is verified while layers l+1..l+W-1 load, each into
+//            its own part of the KV buffer (--kv-layers B layers of it, at
+//            least W). --window 1 is the old demo: submit, wait, verify, next.
+//            A task that fails (a corrupt shard in the store) is reported,
+//            its shards counted bad, and decode goes on; the run then exits 1.
 //
 // With nothing configured it runs on the embedded default: the posix store in
 // a fresh temporary directory (removed at the end), a cache smaller than the
@@ -22,9 +28,15 @@
 //   mpirun -np 4 ucm_demo [--prompts 32] [--layers 16] [--shard-kib 256]
 //                         [--cache-mib 48] [--steps 3] [--hot 4] [--store DIR]
 //                         [--backend SPEC] [--raw-passes 5] [--one-rank-loads N]
+//                         [--window 2] [--kv-layers B] [--decode-only]
 //                         [--json PATH]
+//
+// --decode-only skips prefill: the store (--store DIR, kept from an earlier
+// run with the same sizes) already holds the prompts, as after a restart.
 #include <dirent.h>
 #include <mpi.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -54,14 +67,33 @@ struct Options {
   std::string backend;
   int raw_passes = 5;            // at least this many raw-read passes (and 0.25 s); 0: no raw read, no bound
   int64_t one_rank_loads = -1;   // the count of the fewest loads, from a 1-rank run
+  int window = 2;                // layer tasks in flight (1: submit, wait, verify, next)
+  int kv_layers = 0;             // layers of KV buffer per rank (0: as the window needs, kv_layers_for)
+  bool decode_only = false;      // the store already holds the prompts (--store DIR of an earlier run)
   std::string json;
 };
+
+// A whole-number option, or exit 2 naming the value (parse() checks the range).
+int int_arg(const char* name, const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (x < INT32_MIN || x > INT32_MAX) errno = ERANGE;
+  if (errno != 0 || end == v || *end != '\0') {
+    std::fprintf(stderr, "ucm_demo: %s %s: not a whole number%s\n", name, v, errno == ERANGE ? " that fits" : "");
+    std::exit(2);
+  }
+  return static_cast<int>(x);
+}
 
 [[noreturn]] void die(int rank, const char* what, ucm_result_t r, const char* detail) {
   std::fprintf(stderr, "ucm_demo rank %d: %s: %s: %s\n", rank, what, ucm_result_string(r), detail);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::exit(1);
 }
+
+// Tasks in flight per rank at most (well under the cache's pending limit).
+constexpr int kMaxWindow = 256;
 
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
@@ -83,6 +115,9 @@ bool parse(int argc, char** argv, Options* o) {
     else if (a == "--backend") o->backend = next("--backend");
     else if (a == "--raw-passes") o->raw_passes = std::atoi(next("--raw-passes"));
     else if (a == "--one-rank-loads") o->one_rank_loads = std::atoll(next("--one-rank-loads"));
+    else if (a == "--window") o->window = int_arg("--window", next("--window"));
+    else if (a == "--kv-layers") o->kv_layers = int_arg("--kv-layers", next("--kv-layers"));
+    else if (a == "--decode-only") o->decode_only = true;
     else if (a == "--json") o->json = next("--json");
     else if (a == "-h" || a == "--help") return false;
     else {
@@ -96,6 +131,34 @@ bool parse(int argc, char** argv, Options* o) {
                          "0 <= raw-passes <= 100; one-rank-loads >= 0)\n");
     return false;
   }
+  if (o->window < 1) {
+    std::fprintf(stderr, "ucm_demo: --window %d: at least 1 (1: each layer's task is submitted, waited for and "
+                         "verified before the next)\n", o->window);
+    return false;
+  }
+  if (o->window > kMaxWindow) {
+    std::fprintf(stderr, "ucm_demo: --window %d: at most %d tasks in flight\n", o->window, kMaxWindow);
+    return false;
+  }
+  if (o->kv_layers < 0) {
+    std::fprintf(stderr, "ucm_demo: --kv-layers %d: at least 1 (or 0: as many as the window needs)\n", o->kv_layers);
+    return false;
+  }
+  if (o->kv_layers > 0 && o->kv_layers < o->window) {
+    std::fprintf(stderr, "ucm_demo: --window %d is larger than the KV buffer allows: --kv-layers %d holds %d layers, "
+                         "and each task in flight loads a layer into its own part of it\n",
+                 o->window, o->kv_layers, o->kv_layers);
+    return false;
+  }
+  if (o->kv_layers > kMaxWindow + 1) {
+    std::fprintf(stderr, "ucm_demo: --kv-layers %d: at most %d\n", o->kv_layers, kMaxWindow + 1);
+    return false;
+  }
+  if (o->decode_only && o->store.empty() && o->backend.empty()) {
+    std::fprintf(stderr, "ucm_demo: --decode-only needs the store an earlier run wrote (--store DIR)\n");
+    return false;
+  }
+  if (o->kv_layers == 0) o->kv_layers = ucm_demo::kv_parts_for(o->window, o->layers);
   return true;
 }
 
@@ -165,6 +228,42 @@ std::vector<std::string> store_files(const std::string& dir) {
   return out;
 }
 
+// A task's wait is bounded (a hung store fails the run instead of hanging it).
+constexpr int64_t kTaskWaitMs = 600'000;
+
+uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+// This process's CPU time (every thread: the app's, the cache's dispatcher
+// and copier, the store's I/O threads) and context switches, and this
+// thread's CPU time.
+struct Usage {
+  double cpu_s = 0, thread_cpu_s = 0;
+  uint64_t vcsw = 0, ivcsw = 0;
+};
+Usage usage_now() {
+  Usage u;
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) == 0) {
+    u.cpu_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    u.vcsw = uint64_t(ru.ru_nvcsw);
+    u.ivcsw = uint64_t(ru.ru_nivcsw);
+  }
+  u.thread_cpu_s = double(thread_cpu_ns()) / 1e9;
+  return u;
+}
+
+// The CPUs this rank may run on.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
 // The raw read runs its passes for at least this long (and at least
 // --raw-passes of them), so that its best pass is a quiet one.
 constexpr double kRawMinSeconds = 0.25;
@@ -194,7 +293,7 @@ int main(int argc, char** argv) {
     if (rank == 0)
       std::fprintf(stderr, "usage: mpirun -np N ucm_demo [--prompts N] [--layers L] [--shard-kib K] [--cache-mib M] "
                            "[--steps S] [--hot H] [--store DIR] [--backend SPEC] [--raw-passes P] "
-                           "[--one-rank-loads N] [--json PATH]\n");
+                           "[--one-rank-loads N] [--window W] [--kv-layers B] [--decode-only] [--json PATH]\n");
     MPI_Finalize();
     return 2;
   }
@@ -243,9 +342,12 @@ int main(int argc, char** argv) {
                 info.copy_engine);
 
   // ---- prefill: dump every prompt's KV, layer by layer ----------------------
-  std::vector<uint8_t> kv(static_cast<size_t>(o.prompts) * shard);
+  // The KV buffer: kv_layers parts of one layer each (prompts x shard); decode
+  // loads the task at position pos (step * layers + layer) into part pos % kv_layers.
+  const size_t part_bytes = static_cast<size_t>(o.prompts) * shard;
+  std::vector<uint8_t> kv(static_cast<size_t>(o.kv_layers) * part_bytes);
   const auto t_prefill = std::chrono::steady_clock::now();
-  for (int layer = 0; layer < o.layers; ++layer) {
+  for (int layer = 0; layer < o.layers && !o.decode_only; ++layer) {
     std::vector<ucm_dump_entry_t> es(o.prompts);
     for (int p = 0; p < o.prompts; ++p) {
       fill_kv(p, layer, kv.data() + p * shard, shard);
@@ -256,7 +358,7 @@ int main(int argc, char** argv) {
     }
     ucm_task_t t;
     if ((r = ucm_dump_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_dump_task", r, ucm_last_error(cache));
-    if ((r = ucm_task_wait(cache, t, -1)) != UCM_OK) die(rank, "dump task", r, ucm_last_error(cache));
+    if ((r = ucm_task_wait(cache, t, kTaskWaitMs)) != UCM_OK) die(rank, "dump task", r, ucm_last_error(cache));
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const double prefill_s = seconds_since(t_prefill);
@@ -288,33 +390,74 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);
 
   // ---- decode: load the prompts back, layer by layer -------------------------
+  // Up to `window` layer tasks in flight: the task of position pos + window - 1
+  // is submitted before pos is waited for, so the cache and its store work on
+  // later layers while this thread verifies layer pos. Part pos % kv_layers of
+  // the buffer was last written by position pos - kv_layers <= pos - window,
+  // already verified; it held another layer (kv_parts_for), or was cleared.
   std::vector<ucm_block_t> hot(o.hot);
   for (int p = 0; p < o.hot; ++p) hot[p] = block_id(p);
   std::fill(kv.begin(), kv.end(), 0);
-  uint64_t bad = 0, tasks = 0;
-  double in_tasks_s = 0;  // submit to wait's return, summed: the time decode waited for the cache
-  const auto t_decode = std::chrono::steady_clock::now();
-  for (int step = 0; step < o.steps; ++step) {
-    if (!hot.empty() && (r = ucm_touch(cache, hot.data(), hot.size())) != UCM_OK)
+  const bool clear = ucm_demo::clear_after_check(o.kv_layers, o.layers);
+  const int total = o.steps * o.layers;
+  uint64_t bad = 0, tasks = 0, failed_tasks = 0;
+  std::string first_failure;
+  // Where decode's wall time goes on this thread: in the cache's calls
+  // (submit and wait), verifying, and at the per-step barrier.
+  double submit_s = 0, wait_s = 0, verify_s = 0, barrier_s = 0;
+  uint64_t verify_cpu_ns = 0;
+  std::deque<ucm_task_t> flight;
+  uint64_t flight_max = 0;
+  auto part = [&](int pos) { return kv.data() + static_cast<size_t>(pos % o.kv_layers) * part_bytes; };
+  auto submit = [&](int pos) {
+    const int layer = pos % o.layers;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (layer == 0 && !hot.empty() && (r = ucm_touch(cache, hot.data(), hot.size())) != UCM_OK)
       die(rank, "ucm_touch", r, ucm_last_error(cache));
-    for (int layer = 0; layer < o.layers; ++layer) {
-      std::vector<ucm_load_entry_t> es(o.prompts);
-      for (int p = 0; p < o.prompts; ++p) {
-        es[p].key.block = block_id(p);
-        es[p].key.shard = static_cast<uint32_t>(layer);
-        es[p].key.reserved = 0;
-        es[p].dst = kv.data() + p * shard;
-      }
-      ucm_task_t t;
-      const auto t_task = std::chrono::steady_clock::now();
-      if ((r = ucm_load_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_load_task", r, ucm_last_error(cache));
-      if ((r = ucm_task_wait(cache, t, -1)) != UCM_OK) die(rank, "load task", r, ucm_last_error(cache));
-      in_tasks_s += seconds_since(t_task);
-      ++tasks;
-      for (int p = 0; p < o.prompts; ++p)
-        if (!check_kv(p, layer, kv.data() + p * shard, shard)) ++bad;
+    std::vector<ucm_load_entry_t> es(o.prompts);
+    for (int p = 0; p < o.prompts; ++p) {
+      es[p].key.block = block_id(p);
+      es[p].key.shard = static_cast<uint32_t>(layer);
+      es[p].key.reserved = 0;
+      es[p].dst = part(pos) + p * shard;
     }
+    ucm_task_t t;
+    if ((r = ucm_load_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_load_task", r, ucm_last_error(cache));
+    flight.push_back(t);
+    flight_max = std::max<uint64_t>(flight_max, flight.size());
+    submit_s += seconds_since(t0);
+  };
+  const Usage use0 = usage_now();
+  const auto t_decode = std::chrono::steady_clock::now();
+  auto complete = [&](int pos) {
+    const int step = pos / o.layers, layer = pos % o.layers;
+    const auto t_wait = std::chrono::steady_clock::now();
+    r = ucm_task_wait(cache, flight.front(), kTaskWaitMs);
+    wait_s += seconds_since(t_wait);
+    flight.pop_front();
+    ++tasks;
+    if (r != UCM_OK) {
+      // A shard the store holds corrupt (or cannot read): the task fails on
+      // every rank alike. Its destinations are checked all the same (the
+      // failed shards' bytes are not theirs), and decode goes on.
+      if (r != UCM_ERR_CORRUPT && r != UCM_ERR_BACKEND && r != UCM_ERR_NOT_FOUND) die(rank, "load task", r, ucm_last_error(cache));
+      if (failed_tasks++ == 0) {
+        first_failure = std::string(ucm_result_string(r)) + ": " + ucm_last_error(cache);
+        std::fprintf(stderr, "ucm_demo rank %d: step %d layer %d: load task failed: %s\n", rank, step + 1, layer,
+                     first_failure.c_str());
+      }
+    }
+    const auto t_verify = std::chrono::steady_clock::now();
+    const uint64_t cpu0 = thread_cpu_ns();
+    for (int p = 0; p < o.prompts; ++p)
+      if (!check_kv(p, static_cast<uint32_t>(layer), part(pos) + p * shard, shard)) ++bad;
+    if (clear) std::memset(part(pos), 0, part_bytes);
+    verify_cpu_ns += thread_cpu_ns() - cpu0;
+    verify_s += seconds_since(t_verify);
+    if (layer + 1 < o.layers) return;
+    const auto t_barrier = std::chrono::steady_clock::now();
     MPI_Barrier(MPI_COMM_WORLD);
+    barrier_s += seconds_since(t_barrier);
     if (rank == 0) {
       ucm_stats_t ns{};
       ns.struct_bytes = sizeof(ns);
@@ -323,20 +466,28 @@ int main(int argc, char** argv) {
                   step + 1, o.steps, ns.owner_loads, ns.hits, ns.evictions);
       std::fflush(stdout);
     }
-  }
+  };
+  ucm_demo::run_pipeline(total, o.window, submit, complete);
   const double decode_s = seconds_since(t_decode);
+  const Usage use1 = usage_now();
+  const double in_tasks_s = submit_s + wait_s;  // the time decode was held by the cache's calls
 
   // ---- the bound: raw read rate of the store's files, on rank 0 alone ------
   // The other ranks nap meanwhile (quiet_barrier), so the read has the CPUs.
   std::string store_dir;
   uint32_t store_depth = 0;
   const bool posix = posix_store(cfg.backend, &store_dir, &store_depth);
+  // Every local rank has a store of its own with store_depth I/O threads, and
+  // the node's loads are spread over the ranks: the node's stores can keep
+  // local_size x store_depth reads in flight. The bound takes the better of
+  // that and store_depth threads (on a few cores more threads can read less).
   ucm_demo::RawRead raw;
   if (rank == 0) {
     if (!posix) raw.error = "the store is not posix";
     else if (o.raw_passes == 0) raw.error = "--raw-passes 0";
     else
-      raw = ucm_demo::raw_read_rate(store_files(store_dir), shard, store_depth, o.raw_passes,
+      raw = ucm_demo::raw_read_best(store_files(store_dir), shard,
+                                    {store_depth, store_depth * static_cast<uint32_t>(info.local_size)}, o.raw_passes,
                                     unique_shards * shard, kRawMinSeconds);
   }
   quiet_barrier();
@@ -355,6 +506,19 @@ int main(int argc, char** argv) {
   MPI_Reduce(&gbps, &gbps_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   double in_tasks_max = 0;
   MPI_Reduce(&in_tasks_s, &in_tasks_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  // Where decode's time went, the slowest rank's of each part, and the CPU
+  // the ranks spent in it (all threads), summed over the ranks.
+  const double split[4] = {submit_s, wait_s, verify_s, barrier_s};
+  double split_max[4] = {};
+  MPI_Reduce(split, split_max, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const double cpu[3] = {use1.cpu_s - use0.cpu_s, use1.thread_cpu_s - use0.thread_cpu_s, double(verify_cpu_ns) / 1e9};
+  double cpu_sum[3] = {}, cpu_max = 0;
+  MPI_Reduce(cpu, cpu_sum, 3, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&cpu[0], &cpu_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const uint64_t counts[3] = {use1.vcsw - use0.vcsw, use1.ivcsw - use0.ivcsw, failed_tasks};
+  uint64_t counts_sum[3] = {};
+  MPI_Reduce(counts, counts_sum, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  const int cpus = usable_cpus();
   const uint64_t my_loads = mine.owner_loads - mine0.owner_loads;
   std::vector<uint64_t> rank_loads(rank == 0 ? size : 0);
   MPI_Gather(&my_loads, 1, MPI_UINT64_T, rank_loads.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -374,6 +538,20 @@ int main(int argc, char** argv) {
     std::printf("  task latency: p50 <= %" PRIu64 " us, p90 <= %" PRIu64 " us, p99 <= %" PRIu64 " us\n",
                 node.latency_p50_us, node.latency_p90_us, node.latency_p99_us);
     std::printf("  verification: %s (%" PRIu64 " bad shards)\n", bad_all == 0 ? "every byte right" : "FAILED", bad_all);
+    if (counts_sum[2] > 0)
+      std::printf("  failed load tasks: %" PRIu64 " over all ranks (rank 0's first: %s)\n", counts_sum[2],
+                  first_failure.empty() ? "none on rank 0" : first_failure.c_str());
+    std::printf("  pipeline: window %d (up to %" PRIu64 " layer tasks in flight on rank 0), KV buffer of %d layers "
+                "(%.1f MiB per rank)%s\n",
+                o.window, flight_max, o.kv_layers, double(kv.size()) / (1 << 20),
+                clear ? ", each part cleared after its check" : "");
+    std::printf("  decode time, slowest rank of each: in the cache's calls %.3f s (submit %.3f, wait %.3f), "
+                "verifying %.3f s, step barriers %.3f s\n",
+                split_max[0] + split_max[1], split_max[0], split_max[1], split_max[2], split_max[3]);
+    std::printf("  decode cpu: %.3f cpu-s over %d ranks (slowest %.3f; app threads %.3f, of which verifying %.3f), "
+                "%.2f of %d cpus x decode; %" PRIu64 " voluntary, %" PRIu64 " involuntary context switches\n",
+                cpu_sum[0], size, cpu_max, cpu_sum[1], cpu_sum[2], cpu_sum[0] / (double(cpus) * decode_s), cpus,
+                counts_sum[0], counts_sum[1]);
 
     // The bound, for node 0. Its sequence of shard requests is the program's
     // order (every local rank asks for the same keys); a shard it loaded may
@@ -402,13 +580,13 @@ int main(int argc, char** argv) {
                 min_loads, capacity, resident.size(), unique_shards, loads,
                 min_loads > 0 ? double(loads) / double(min_loads) : 0.0);
     if (raw.error.empty()) {
-      std::printf("  bound: raw read %.2f GB/s (%s, best of %d passes of %.1f MiB in %u files on %u threads; "
-                  "median %.2f GB/s)\n",
+      std::printf("  bound: raw read %.2f GB/s (%s, best of %d passes of %.1f MiB in %u files on %u threads, "
+                  "the better of %s; median %.2f GB/s)\n",
                   raw.best_bytes_per_s / 1e9, raw.direct ? "O_DIRECT" : "page cache: the file system refused O_DIRECT",
-                  raw.passes, double(raw.bytes_per_pass) / (1 << 20), raw.files, raw.threads,
+                  raw.passes, double(raw.bytes_per_pass) / (1 << 20), raw.files, raw.threads, raw.tried.c_str(),
                   raw.median_bytes_per_s / 1e9);
       std::printf("  bound: achievable decode %.3f s; reached %.2f of achievable (decode %.3f s), "
-                  "%.2f counting only the time in load tasks (%.3f s, slowest rank)\n",
+                  "%.2f counting only the time in the cache's calls (%.3f s, slowest rank)\n",
                   achievable_s, fraction, decode_s, fraction_tasks, in_tasks_max);
       if (one_rank >= 0)
         std::printf("  bound, the issue's count (the loads 1 rank makes on this cache, %" PRId64
@@ -418,6 +596,17 @@ int main(int argc, char** argv) {
         std::printf("  bound, the issue's count: not known with %d ranks per node (give --one-rank-loads N from a "
                     "1-rank run on the same cache)\n",
                     info.local_size);
+      // Not part of the bound (which is the store's): the cpu work decode did
+      // (copies, checksums, every rank's verification) spread over the cpus.
+      const double cpu_floor_s = cpu_sum[0] / double(cpus);
+      std::printf("  cpu: decode's cpu time over the %d cpus the ranks may use is %.3f s, %.2f of achievable "
+                  "(above 1: the cpus, not the store, bound this run)\n",
+                  cpus, cpu_floor_s, achievable_s > 0 ? cpu_floor_s / achievable_s : 0.0);
+      // The line to read: both fractions of this run's window.
+      char one_rank_text[32] = "not known";
+      if (one_rank >= 0) std::snprintf(one_rank_text, sizeof(one_rank_text), "%.3f", fraction_1r);
+      std::printf("  result: window %d: reached %s of achievable by the 1-rank count, %.3f by Belady's MIN\n",
+                  o.window, one_rank_text, fraction);
     } else {
       std::printf("  bound: raw read rate not measured (%s), so no achievable time\n", raw.error.c_str());
     }
@@ -449,7 +638,7 @@ int main(int argc, char** argv) {
                      ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
                      "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
                      "    \"achievable_s\": %s, \"fraction\": %s, \"fraction_in_tasks\": %s,\n"
-                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s\n  }\n}\n",
+                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s\n  },\n",
                      size, info.local_size, info.node_count, o.prompts, o.layers, shard, uint64_t(cfg.cache_bytes), o.steps,
                      o.hot, esc(cfg.backend).c_str(), prefill_s, decode_s, in_tasks_max, tasks, unique_shards, loads,
                      double(loads) / double(unique_shards), lmax, lmin,
@@ -462,6 +651,17 @@ int main(int argc, char** argv) {
                      one_rank >= 0 ? std::to_string(one_rank).c_str() : "null",
                      num(achievable_1r_s, rate > 0 && one_rank >= 0).c_str(),
                      num(fraction_1r, rate > 0 && one_rank >= 0).c_str());
+        std::fprintf(f,
+                     "  \"pipeline\": {\n    \"window\": %d, \"kv_layers\": %d, \"flight_max\": %" PRIu64
+                     ", \"failed_tasks\": %" PRIu64 ",\n"
+                     "    \"submit_s_max\": %.6f, \"wait_s_max\": %.6f, \"verify_s_max\": %.6f, \"barrier_s_max\": %.6f,\n"
+                     "    \"cpu_s_sum\": %.6f, \"cpu_s_max\": %.6f, \"app_thread_cpu_s_sum\": %.6f, "
+                     "\"verify_cpu_s_sum\": %.6f, \"cpus\": %d,\n"
+                     "    \"voluntary_csw\": %" PRIu64 ", \"involuntary_csw\": %" PRIu64 ", \"raw_threads_tried\": \"%s\"\n"
+                     "  }\n}\n",
+                     o.window, o.kv_layers, flight_max, counts_sum[2], split_max[0], split_max[1], split_max[2],
+                     split_max[3], cpu_sum[0], cpu_max, cpu_sum[1], cpu_sum[2], cpus, counts_sum[0], counts_sum[1],
+                     esc(raw.tried).c_str());
         std::fclose(f);
       }
     }

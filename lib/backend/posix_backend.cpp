@@ -29,11 +29,15 @@ uint32_t header_check(const ShardHeader& h) {
   return static_cast<uint32_t>(checksum64(&h, offsetof(ShardHeader, check), 0x5eed));
 }
 
+// System calls this thread made through the helpers below (occupancy()).
+thread_local uint64_t t_syscalls = 0;
+
 // Full-length positional I/O: loops over short transfers, retries EINTR.
 // Returns bytes transferred (short only at end of file for reads) or -errno.
 ssize_t pread_full(int fd, void* buf, size_t n, off_t off) {
   size_t done = 0;
   while (done < n) {
+    ++t_syscalls;
     ssize_t r = pread(fd, static_cast<uint8_t*>(buf) + done, n - done, off + static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return -errno;
@@ -57,13 +61,14 @@ ssize_t pwrite_full(int fd, const void* buf, size_t n, off_t off) {
 
 int openat_retry(int dir_fd, const char* name, int flags, mode_t mode) {
   int fd;
-  do fd = openat(dir_fd, name, flags, mode);
+  do ++t_syscalls, fd = openat(dir_fd, name, flags, mode);
   while (fd < 0 && errno == EINTR);
   return fd;
 }
 
 // Turns O_DIRECT on or off for one open file (each request has its own fd).
 bool set_direct(int fd, bool on) {
+  t_syscalls += 2;
   const int fl = fcntl(fd, F_GETFL);
   if (fl < 0) return false;
   return fcntl(fd, F_SETFL, on ? (fl | O_DIRECT) : (fl & ~O_DIRECT)) == 0;
@@ -230,6 +235,16 @@ PosixBackend::~PosixBackend() {
 }
 
 uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
+  if (!logged_occupancy_.exchange(true)) {
+    const Occupancy o = occupancy();
+    if (o.loads > 0)
+      UCM_DEBUG(kBackend,
+                "posix store at %s: %" PRIu64 " loads on %u I/O threads, %.2f in flight on average as one started, %" PRIu64
+                " at full depth, %" PRIu64 " leaving nothing queued, %" PRIu64 " dry spells (nothing queued or in flight), "
+                "%.1f system calls per load",
+                opts_.dir.c_str(), o.loads, opts_.depth, double(o.busy_sum) / double(o.loads), o.at_full_depth,
+                o.queue_empty, o.dry_spells, double(o.syscalls) / double(o.loads));
+  }
   std::deque<std::pair<IoRequest*, bool>> queued;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -283,6 +298,13 @@ void PosixBackend::submit(IoRequest* req, bool is_load) {
   cv_.notify_one();
 }
 
+PosixBackend::Occupancy PosixBackend::occupancy() {
+  std::lock_guard<std::mutex> g(mu_);
+  Occupancy o = occ_;
+  o.syscalls = load_syscalls_.load(std::memory_order_relaxed);
+  return o;
+}
+
 void PosixBackend::worker() {
   for (;;) {
     std::pair<IoRequest*, bool> item;
@@ -292,12 +314,27 @@ void PosixBackend::worker() {
       if (stopping_) break;
       item = queue_.front();
       queue_.pop_front();
+      if (item.second) {
+        ++busy_loads_;
+        ++occ_.loads;
+        occ_.busy_sum += busy_loads_;
+        if (busy_loads_ >= opts_.depth) ++occ_.at_full_depth;
+        if (queue_.empty()) ++occ_.queue_empty;
+      }
     }
     if (item.second) {
       UCM_TRACE(TraceRange::kBackendLoad);
       counters_.load_started();  // in flight = on an I/O thread, not queued
+      const uint64_t calls0 = t_syscalls;
       do_load(item.first);
+      load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
       counters_.load_finished(*item.first);
+      {
+        // Before done(): whoever the completion wakes sees this load ended.
+        std::lock_guard<std::mutex> g(mu_);
+        --busy_loads_;
+        if (busy_loads_ == 0 && queue_.empty()) ++occ_.dry_spells;
+      }
     } else {
       UCM_TRACE(TraceRange::kBackendDump);
       do_dump(item.first);
@@ -349,6 +386,7 @@ Result PosixBackend::open_block(const Key& k, bool for_dump, int* out, char* err
   }
   struct stat st;
   Result r = Result::kOk;
+  ++t_syscalls;
   if (fstat(fd, &st) != 0) {
     key_error(err, err_len, k, path, "fstat: %s", strerror(errno));
     r = Result::kBackend;
@@ -480,6 +518,7 @@ void PosixBackend::do_load(IoRequest* req) {
       }
     }
   }
+  ++t_syscalls;
   close(fd);
 }
 

@@ -108,6 +108,20 @@ class PosixBackend final : public Backend {
   // buffer in user space, or calls done(), only if it is not abandoned.
   uint32_t shutdown(uint64_t deadline_ns) override;
 
+  // How full the store kept its I/O threads (counts, not times): each load is
+  // counted as it starts with the number of loads then on I/O threads,
+  // itself included; a dry spell is a worker finding nothing queued with no
+  // other load in flight (the store ran empty). Logged at DEBUG by shutdown().
+  struct Occupancy {
+    uint64_t loads = 0;            // loads started on an I/O thread
+    uint64_t busy_sum = 0;         // sum over them of the loads in flight at their start
+    uint64_t at_full_depth = 0;    // started with all `depth` threads busy
+    uint64_t queue_empty = 0;      // started leaving nothing queued behind them
+    uint64_t dry_spells = 0;       // the store went from a load in flight to none, nothing queued
+    uint64_t syscalls = 0;         // system calls made for loads (open, fstat, reads, fcntl, close)
+  };
+  Occupancy occupancy();
+
   // Whether direct I/O is (still) used: false once the file system refused it.
   bool direct_io() const { return direct_ok_.load(std::memory_order_relaxed); }
   uint32_t dio_mem_align() const { return dio_mem_align_; }
@@ -142,6 +156,10 @@ class PosixBackend final : public Backend {
   std::deque<std::pair<IoRequest*, bool>> queue_;
   bool stopping_ = false;
   uint32_t exited_ = 0;  // under mu_: workers that returned
+  uint32_t busy_loads_ = 0;  // under mu_: loads on an I/O thread now
+  Occupancy occ_;            // under mu_, but for occ_.syscalls
+  std::atomic<uint64_t> load_syscalls_{0};
+  std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
   // Shared by a worker while it reads or writes a request's buffer in user

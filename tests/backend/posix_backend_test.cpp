@@ -129,6 +129,55 @@ TEST(PosixBackend, RoundTripAlignedUsesDirectIoWhereTheFsAcceptsIt) {
   round_trip(dir.path, 8192, ",direct=on,depth=2");
 }
 
+// The store's occupancy counts (what ucm_demo's analysis reads at
+// UCM_LOG=debug): each load counted once as it starts with the loads then on
+// I/O threads, a dry spell each time the store empties, the system calls a
+// load makes. Loads one at a time start alone and empty the store each time;
+// buffered, a load is openat, fstat, the header's pread, the shard's pread
+// and close.
+TEST(PosixBackend, OccupancyCountsLoadsInFlightDrySpellsAndSystemCalls) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 8192, 4, ",depth=4,direct=off");
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1, 2, 3, 4, 5}, 4, 8192);
+  EXPECT_EQ(b->occupancy().loads, 0u) << "dumps are not loads";
+  expect_blocks(b.get(), {1}, 4, 8192);  // 4 loads, each waited for
+  PosixBackend::Occupancy o = b->occupancy();
+  EXPECT_EQ(o.loads, 4u);
+  EXPECT_EQ(o.busy_sum, 4u) << "each load ran alone";
+  EXPECT_EQ(o.at_full_depth, 0u);
+  EXPECT_EQ(o.queue_empty, 4u);
+  EXPECT_EQ(o.dry_spells, 4u) << "the store emptied after each";
+  EXPECT_EQ(o.syscalls, 4u * 5u) << "openat, fstat, two preads, close per buffered load";
+
+  // 16 at once on 4 threads: every load counted once, between 1 and 4 in
+  // flight as each starts, and the store dry at least once, at the end.
+  Batch batch;
+  std::vector<AlignedBuf> bufs;
+  std::vector<Op> ops(16);
+  for (int i = 0; i < 16; ++i) bufs.emplace_back(8192);
+  for (int i = 0; i < 16; ++i) {
+    ops[i].batch = &batch;
+    ops[i].req.key = key(2 + i / 4, static_cast<uint32_t>(i % 4));
+    ops[i].req.buf = bufs[i].get();
+    ops[i].req.bytes = 8192;
+    ops[i].req.done = &op_done;
+    ops[i].req.user = &ops[i];
+    b->load(&ops[i].req);
+  }
+  ASSERT_TRUE(batch.wait(16));
+  for (const Op& op : ops) EXPECT_EQ(res(op.req.result), res(Result::kOk)) << op.req.error;
+  o = b->occupancy();
+  EXPECT_EQ(o.loads, 20u);
+  EXPECT_GE(o.busy_sum, 20u);
+  EXPECT_LE(o.busy_sum, 4u + 16u * 4u);
+  EXPECT_LE(o.at_full_depth, 16u);
+  EXPECT_GE(o.dry_spells, 5u);
+  EXPECT_LE(o.dry_spells, 4u + 16u);
+  EXPECT_EQ(o.syscalls, 20u * 5u);
+}
+
 TEST(PosixBackend, RoundTripAlignedOnTmpfs) {
   if (access("/dev/shm", W_OK) != 0 || fs_type("/dev/shm") != "tmpfs") GTEST_SKIP() << "no tmpfs at /dev/shm";
   TempDir dir("/dev/shm");

@@ -4,6 +4,10 @@
 # bound is there and sane. Outcomes only: no time is compared with a number,
 # only the fraction with its possible range (a decode cannot beat what the
 # store and the cache allow by half again, and it took some time).
+# Then the decode pipeline (--window): every window verifies every byte and
+# keeps at most its window in flight; a byte flipped in a store file makes
+# the run report bad shards and exit non-zero, with any window; bad --window
+# and --kv-layers values are refused, naming the value.
 # Usage: demo_bound.sh MPIRUN UCM_DEMO PYTHON OUTDIR
 set -euo pipefail
 mpirun=$1 demo=$2 python=$3 out=$4
@@ -19,6 +23,7 @@ def need(ok, what):
     if not ok:
         sys.exit("demo bound check failed: %s in %s" % (what, json.dumps(d, indent=1)))
 need(d["ranks"] == np, "ranks == %d" % np)
+need(d["pipeline"]["failed_tasks"] == 0, "no load task failed")
 need(d["bad_shards"] == 0, "every byte verified")
 need(b["raw_error"] == "", "a raw read rate was measured")
 need(b["raw_bytes_per_pass"] > 0 and b["raw_best_GBps"] > 0, "the raw read read something")
@@ -50,4 +55,91 @@ grep -qF "bound, the issue's count: not known with 2 ranks per node" "$out/demo-
 "$mpirun" --oversubscribe --timeout 100 -np 2 "$demo" "${args[@]}" --one-rank-loads "$one" \
   --json "$out/demo-np2.json" > "$out/demo-np2.txt"
 check "$out/demo-np2.json" 2
+
+# ---- the pipeline: windows 1 (the old demo), 2 (the default) and 9, deeper
+# than a decode step (8 layers): every byte checked, the window honoured, a
+# KV part per task in flight that never receives the layer it held.
+for np in 1 2; do
+  for w in 1 2 9; do
+    j=$out/demo-w$w-np$np.json
+    "$mpirun" --oversubscribe --timeout 100 -np $np "$demo" "${args[@]}" --raw-passes 1 --window $w --json "$j" \
+      > "$out/demo-w$w-np$np.txt" || { echo "np $np window $w failed:"; cat "$out/demo-w$w-np$np.txt"; exit 1; }
+    grep -qF "  result: window $w: reached " "$out/demo-w$w-np$np.txt" \
+      || { echo "np $np window $w: no result line:"; cat "$out/demo-w$w-np$np.txt"; exit 1; }
+    "$python" - "$j" $w $np <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); w = int(sys.argv[2]); np = int(sys.argv[3]); p = d["pipeline"]
+def need(ok, what):
+    if not ok:
+        sys.exit("window %d, np %d: %s in %s" % (w, np, what, json.dumps(d, indent=1)))
+need(d["bad_shards"] == 0 and p["failed_tasks"] == 0, "every byte right, no task failed")
+need(d["tasks_per_rank"] == d["steps"] * d["layers"], "one task per layer per step")
+need(p["window"] == w and p["flight_max"] == min(w, d["tasks_per_rank"]), "the window in flight at most, and reached")
+need(p["kv_layers"] >= w and p["kv_layers"] % d["layers"] != 0, "a KV part per task in flight, never the same layer twice")
+need(p["cpu_s_sum"] > 0 and p["cpus"] >= 1, "cpu time counted")
+print("window %d, np %d: loads %d, kv_layers %d: ok" % (w, np, d["loads"], p["kv_layers"]))
+PY
+  done
+done
+
+# ---- bad options: refused before any work, naming the value ---------------
+refused() {  # refused WHAT ARGS...: the demo exits non-zero and its stderr names WHAT
+  local what=$1; shift
+  if "$mpirun" --oversubscribe --timeout 60 -np 1 "$demo" "${args[@]}" "$@" > "$out/refused.txt" 2>&1; then
+    echo "ucm_demo $* was accepted:"; cat "$out/refused.txt"; exit 1
+  fi
+  grep -qF -- "$what" "$out/refused.txt" || { echo "ucm_demo $*: the error does not name '$what':"; cat "$out/refused.txt"; exit 1; }
+}
+refused "--window 0: at least 1" --window 0
+refused "--window -3: at least 1" --window -3
+refused "--window two: not a whole number" --window two
+refused "--window 3 is larger than the KV buffer allows: --kv-layers 2" --window 3 --kv-layers 2
+refused "--kv-layers -1: at least 1" --kv-layers -1
+refused "--window 100000: at most 256" --window 100000
+refused "--decode-only needs the store" --decode-only
+echo "bad options: refused, each naming its value"
+
+# ---- a corrupt shard in the store: reported, counted, exit non-zero --------
+# Prefill into a store of our own, check that decoding it again from a fresh
+# cache (--decode-only: every shard from the store) is right, flip one byte
+# of one shard in one block file, and decode it again with several windows.
+store=$out/store
+rm -rf "$store"; mkdir -m 700 "$store"
+"$mpirun" --oversubscribe --timeout 100 -np 1 "$demo" "${args[@]}" --raw-passes 1 --store "$store" > "$out/store-prefill.txt" \
+  || { echo "prefill into $store failed:"; cat "$out/store-prefill.txt"; exit 1; }
+"$mpirun" --oversubscribe --timeout 100 -np 1 "$demo" "${args[@]}" --raw-passes 1 --store "$store" --decode-only \
+  --json "$out/decode-only.json" > "$out/decode-only.txt" \
+  || { echo "decode-only of a good store failed:"; cat "$out/decode-only.txt"; exit 1; }
+"$python" - "$out/decode-only.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+if d["bad_shards"] != 0 or d["bound"]["resident_at_start"] != 0 or d["loads"] < d["unique_shards"]:
+    sys.exit("decode-only: every shard loaded from the store, every byte right: %s" % json.dumps(d, indent=1))
+PY
+"$python" - "$store" <<'PY'
+import os, sys
+files = sorted(f for f in os.listdir(sys.argv[1]) if f.endswith(".ucmblk"))
+path = os.path.join(sys.argv[1], files[0])
+with open(path, "r+b") as f:  # byte 1000 of layer 3's shard of this block (16 KiB shards)
+    f.seek(3 * 16384 + 1000); b = f.read(1); f.seek(3 * 16384 + 1000); f.write(bytes([b[0] ^ 0x5A]))
+print("flipped a byte of layer 3 in", path)
+PY
+for run in "1 1" "1 2" "1 4" "2 2" "2 1"; do
+  read -r np w <<<"$run"
+  t=$out/corrupt-w$w-np$np
+  if "$mpirun" --oversubscribe --timeout 100 -np $np "$demo" "${args[@]}" --raw-passes 1 --store "$store" --decode-only \
+    --window $w --json "$t.json" > "$t.txt" 2> "$t.err"; then
+    echo "np $np window $w: a corrupt shard, and the demo exited 0:"; cat "$t.txt" "$t.err"; exit 1
+  fi
+  grep -qF "verification: FAILED" "$t.txt" || { echo "np $np window $w: no FAILED verification:"; cat "$t.txt" "$t.err"; exit 1; }
+  grep -qF "load task failed: UCM_ERR_CORRUPT" "$t.err" || { echo "np $np window $w: the failure is not named:"; cat "$t.err"; exit 1; }
+  "$python" - "$t.json" $np $w <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); np = int(sys.argv[2])
+# The flipped shard is asked for in each step, by every rank.
+if not (d["bad_shards"] >= d["steps"] * np and d["pipeline"]["failed_tasks"] >= d["steps"] * np):
+    sys.exit("corrupt shard: a bad shard and a failed task per step per rank: %s" % json.dumps(d, indent=1))
+print("corrupt shard, np %d window %s: %d bad shards, %d failed tasks: caught" % (np, sys.argv[3], d["bad_shards"], d["pipeline"]["failed_tasks"]))
+PY
+done
 echo "demo bound: ok"

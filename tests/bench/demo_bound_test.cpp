@@ -95,4 +95,86 @@ TEST(DemoBound, RawReadReadsEveryByteOfTheFilesOncePerPass) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(DemoBound, RawReadBestTakesTheBetterThreadCountAndSaysWhatItTried) {
+  char tmpl[] = "/tmp/ucm_demo_bound_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string path = dir + "/0.ucmblk";
+  FILE* fp = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(fp, nullptr);
+  std::vector<char> bytes(64 * 1024, 'y');
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), fp), bytes.size());
+  std::fclose(fp);
+  // 1 rank: both counts are the store's 2 threads (measured once); 3 ranks: 2 and 6.
+  ucm_demo::RawRead r = ucm_demo::raw_read_best({path}, 16 * 1024, {2, 2}, 1, UINT64_MAX);
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.tried.find("2 threads"), 0u) << r.tried;
+  EXPECT_EQ(r.tried.find(", "), std::string::npos) << r.tried;
+  r = ucm_demo::raw_read_best({path}, 16 * 1024, {2, 6}, 1, UINT64_MAX);
+  EXPECT_EQ(r.error, "");
+  EXPECT_NE(r.tried.find("2 threads"), std::string::npos) << r.tried;
+  EXPECT_NE(r.tried.find(", 6 threads"), std::string::npos) << r.tried;
+  EXPECT_TRUE(r.threads == 2 || r.threads == 6);
+  EXPECT_EQ(r.bytes_per_pass, 64u * 1024u);
+  r = ucm_demo::raw_read_best({dir + "/missing"}, 4096, {1, 4}, 1, UINT64_MAX);
+  EXPECT_NE(r.error.find("missing"), std::string::npos) << r.error;
+  std::filesystem::remove_all(dir);
+}
+
+// ucm_demo's decode pipeline, simulated: each KV part holds a (layer, state)
+// tag; a load into a part must find it checked (never a layer still waiting
+// for its check) and holding another layer or nothing, so that a load that
+// wrote nothing fails its check; at most `window` tasks are in flight.
+TEST(DemoPipeline, EveryWindowKeepsItsDepthAndNeverReloadsAnUncheckedOrSameLayerPart) {
+  for (int layers : {1, 2, 3, 8, 16}) {
+    for (int window : {1, 2, 3, 4, 7, 8, 9, 16, 17, 33}) {
+      for (int extra : {0, 1, 5}) {
+        const int steps = 3, total = steps * layers;
+        const int parts = extra == 0 ? ucm_demo::kv_parts_for(window, layers) : window + extra;
+        const bool clear = ucm_demo::clear_after_check(parts, layers);
+        ASSERT_GE(parts, window);
+        if (extra == 0 && layers > 1) {
+          EXPECT_FALSE(clear) << "the default KV buffer needs no clearing";
+        }
+        struct Part {
+          int layer = -1;       // the layer whose bytes it holds (-1: zeros)
+          bool pending = false;  // a load in flight or not yet checked
+        };
+        std::vector<Part> kv(static_cast<size_t>(parts));
+        std::vector<int> submitted, completed;
+        int in_flight = 0, most = 0;
+        auto submit = [&](int pos) {
+          Part& p = kv[static_cast<size_t>(pos % parts)];
+          const int layer = pos % layers;
+          ASSERT_FALSE(p.pending) << "layers " << layers << " window " << window << ": pos " << pos
+                                  << " loads into a part not yet checked";
+          ASSERT_NE(p.layer, layer) << "layers " << layers << " window " << window << " parts " << parts << ": pos "
+                                    << pos << " loads into a part that holds its own layer's bytes";
+          p.pending = true;
+          p.layer = layer;  // what a good load leaves there
+          submitted.push_back(pos);
+          most = std::max(most, ++in_flight);
+        };
+        auto complete = [&](int pos) {
+          Part& p = kv[static_cast<size_t>(pos % parts)];
+          ASSERT_TRUE(p.pending);
+          ASSERT_EQ(p.layer, pos % layers);
+          p.pending = false;
+          if (clear) p.layer = -1;
+          completed.push_back(pos);
+          --in_flight;
+        };
+        ucm_demo::run_pipeline(total, window, submit, complete);
+        ASSERT_EQ(static_cast<int>(submitted.size()), total);
+        ASSERT_EQ(static_cast<int>(completed.size()), total);
+        for (int i = 0; i < total; ++i) {
+          ASSERT_EQ(submitted[static_cast<size_t>(i)], i);
+          ASSERT_EQ(completed[static_cast<size_t>(i)], i);
+        }
+        EXPECT_EQ(most, std::min(window, total)) << "layers " << layers << " window " << window;
+      }
+    }
+  }
+}
+
 }  // namespace
