@@ -1,16 +1,11 @@
-// Bucket chains and victim selection (CLOCK second chance, or the legacy ring).
-//
-// Chains: a bucket's chain is edited only by the holder of that bucket's lock,
-// and each edit is one release store (push: slot.next = head, then head = slot;
-// unlink: predecessor's link = slot.next). A process killed at any instruction
-// leaves every chain well-formed; lock-free readers may wander off a slot that
-// was just moved to another chain, so they bound their walk and re-check keys.
+// Victim selection (CLOCK second chance, or the legacy ring). Bucket chains
+// are chain.h.
 //
 // Victims: every taker returns a slot it has *claimed* (pins.h) and detached
 // from its old chain ("floating"), or kNoSlot. The caller re-keys it and
-// pushes it on the locked target bucket, then unclaims. A victim in another
-// bucket is detached only if that bucket's lock is free (try-lock): we never
-// block on a second lock while holding one.
+// pushes it on the locked target bucket (install_claimed_slot, chain.h), then
+// unclaims. A victim in another bucket is detached only if that bucket's lock
+// is free (try-lock): we never block on a second lock while holding one.
 //
 // CLOCK over the regular pool: the shared hand advances one slot per step;
 // accessed = 1 -> clear it and move on (second chance); accessed = 0, unpinned,
@@ -28,7 +23,11 @@
 // key again, continue the sweep). So the answer "none" (NoSpace) still means
 // every phase ran to its end, as before, but no lock is held for more than
 // kSweepPerCall positions, and the cost of the first miss after a fill is
-// that of any other miss.
+// that of any other miss. Besides its sweep a miss's lock hold walks two
+// chains (its bucket's and its victim's, chain.h), each as long as the chain:
+// at 512k slots a miss examines at most 65 positions in one hold and about
+// as many links as the chains hold (bench/scale_bench.cpp --mode miss counts
+// them; tests SweepBound.*).
 //
 // Bytes the store lacks: a slot whose dump has not reached the store (its
 // write-through in flight, failed, or its writer dead) has accessed =
@@ -42,74 +41,10 @@
 
 #include <cstdint>
 
-#include "common/key.h"
 #include "ctrl/buffer_ctrl.h"
+#include "ctrl/chain.h"  // the caller installs the victim on its chain
 
 namespace ucm {
-
-inline Key slot_key(const BufferCtrl& c, uint32_t i) {
-  const SlotMeta& s = c.slot(i);
-  Key k;
-  k.block.lo = s.key_lo.load(std::memory_order_relaxed);
-  k.block.hi = s.key_hi.load(std::memory_order_relaxed);
-  k.shard = s.shard.load(std::memory_order_relaxed);
-  return k;
-}
-
-inline bool slot_has_key(const BufferCtrl& c, uint32_t i, const Key& k) {
-  const SlotMeta& s = c.slot(i);
-  return s.key_lo.load(std::memory_order_relaxed) == k.block.lo &&
-         s.key_hi.load(std::memory_order_relaxed) == k.block.hi && s.shard.load(std::memory_order_relaxed) == k.shard;
-}
-
-// Fails with kCorrupt: bucket b's chain holds index `bad` at position `pos`.
-[[nodiscard]] Result chain_bad_index(const BufferCtrl& c, uint32_t b, uint32_t pos, uint32_t bad);
-// Fails with kCorrupt: bucket b's chain (walked under its lock) has more
-// links than there are slots: a cycle.
-[[nodiscard]] Result chain_too_long(const BufferCtrl& c, uint32_t b);
-
-// How a lock-free walk ended when it found nothing.
-enum class WalkEnd : uint8_t {
-  kClean,    // reached kNoSlot
-  kTooLong,  // ran out of steps: wandered, or a cycle (only a locked walk can tell)
-  kCorrupt,  // an index past the end: last_error() names it
-};
-
-// Lock-free lookup of `k` on bucket b's chain: at most total_slots steps.
-// The answer is a hint; confirm it under a pin. *end says how a walk that
-// found nothing ended.
-inline uint32_t chain_find_unlocked(const BufferCtrl& c, uint32_t b, const Key& k, WalkEnd* end) {
-  const uint32_t total = c.total_slots();
-  uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
-  uint32_t steps = 0;
-  for (; i < total && steps < total; ++steps) {
-    if (slot_has_key(c, i, k)) return i;
-    i = c.slot(i).next.load(std::memory_order_acquire);
-  }
-  if (i == kNoSlot) {
-    *end = WalkEnd::kClean;
-  } else if (i < total) {
-    *end = WalkEnd::kTooLong;
-  } else {
-    (void)chain_bad_index(c, b, steps, i);
-    *end = WalkEnd::kCorrupt;
-  }
-  return kNoSlot;
-}
-
-// The caller holds bucket b's lock. Each fails with kCorrupt (nothing
-// changed) on a bad index or a cycle.
-[[nodiscard]] Result chain_find_locked(const BufferCtrl& c, uint32_t b, const Key& k, uint32_t* slot);
-[[nodiscard]] Result chain_contains(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found);
-void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot);
-[[nodiscard]] Result chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found);
-
-// Writes a new key into a claimed floating slot with the given word state and
-// owner, pushes it on bucket b (whose lock the caller holds) and unclaims it.
-// `hold` gives the owner its hold (layout.h) in the same store, before the
-// slot becomes visible.
-void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const Key& k, State s, uint32_t owner,
-                          bool accessed, bool hold);
 
 // A never-used regular slot, claimed; kNoSlot when all have been used.
 uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder);

@@ -2,7 +2,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
-#include "ctrl/clock.h"
+#include "ctrl/chain.h"
 #include "ctrl/pins.h"
 #include "sync/futex.h"
 #include "sync/process_identity.h"

@@ -11,7 +11,6 @@
 #include "common/log_capture.h"
 #include "common/stress.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/pins.h"
 
 namespace ucm::test {

@@ -18,7 +18,6 @@
 
 #include "common/mp_util.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/pins.h"
 #include "ctrl/recovery.h"
 

@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/pins.h"
 
 namespace ucm::test {

@@ -2,6 +2,7 @@
 // examined (the sweep's own per-thread tally), never timed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/test_util.h"
@@ -62,6 +63,28 @@ TEST_F(SweepBound, EveryMissOfALapStaysWithinOneCallsBudget) {
   EXPECT_EQ(s.calls, uint64_t{kSlots});
   EXPECT_LE(s.max_per_call, uint64_t{kSweepSecondChance} + 1);
   EXPECT_EQ(cb_->counters().evictions.load(), uint64_t{kSlots});
+}
+
+TEST_F(SweepBound, EveryMissOfTwoLapsWalksTwoChainsUnderLocksAndNoMore) {
+  // Besides the sweep, a miss walks chains under a lock: its own bucket's
+  // (the key is not there) and its victim's (to unlink it). Both cost what
+  // the chain holds, never what the cache holds.
+  uint32_t longest = 0;
+  for (uint32_t b = 0; b < tc_.ctrl.bucket_count(); ++b) {
+    uint32_t n = 0;
+    for (uint32_t i = tc_.ctrl.bucket(b).head.load(); i != kNoSlot; i = tc_.ctrl.slot(i).next.load()) ++n;
+    longest = std::max(longest, n);
+  }
+  ASSERT_LT(longest, 32u) << "a bucket per slot: chains are short";
+  for (uint32_t i = 0; i < 2 * kSlots; ++i) {
+    reset_chain_stats();
+    reset_sweep_stats();
+    load(*cb_, key(200000 + i, 0));
+    const ChainStats c = chain_stats();
+    ASSERT_EQ(c.locked_walks, 2u) << "miss " << i << ": its bucket, then its victim's";
+    ASSERT_LE(c.links, 64u) << "miss " << i << ": two short chains";
+    ASSERT_EQ(sweep_stats().calls, 1u) << "miss " << i << ": one lock hold";
+  }
 }
 
 TEST_F(SweepBound, AllButOneSlotPinnedFindsTheFreeOneInBoundedHolds) {

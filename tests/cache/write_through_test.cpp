@@ -13,7 +13,6 @@
 
 #include "common/ctrl_check.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/pins.h"
 
 namespace ucm::test {

@@ -30,7 +30,7 @@
 
 #include "common/key.h"
 #include "ctrl/buffer_ctrl.h"
-#include "ctrl/clock.h"
+#include "ctrl/chain.h"
 #include "ctrl/pins.h"
 #include "data/buffer_data.h"
 #include "sync/shared_lock.h"

@@ -16,7 +16,7 @@
 #include "common/numbered_key.h"
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
-#include "ctrl/clock.h"
+#include "ctrl/chain.h"
 #include "data/buffer_data.h"
 
 namespace ucm::test {

@@ -17,7 +17,6 @@
 
 #include "common/mp_util.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/recovery.h"
 #include "sync/shared_lock.h"
 

@@ -28,7 +28,6 @@
 #include "common/ctrl_check.h"
 #include "common/mp_util.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "device/host_engine.h"
 #include "queue/load_queue.h"
 

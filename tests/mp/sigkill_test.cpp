@@ -14,7 +14,6 @@
 #include "common/ctrl_check.h"
 #include "common/mp_util.h"
 #include "common/test_util.h"
-#include "ctrl/clock.h"
 #include "ctrl/pins.h"
 #include "ctrl/recovery.h"
 #include "mp/random_workload.h"
