@@ -5,11 +5,14 @@
 #                   with 4 ranks on the embedded default store (extra arguments
 #                   go to ucm_demo)
 #   ./run.sh test   install packages, then four builds and their tests:
-#                   build-ci (--werror, every suite, the Python package's
-#                   suite `python` included), build-core (--werror,
-#                   without MPI, hwloc or CUDA: suites unit and mp), build-tsan
-#                   (ThreadSanitizer, with MPI: suites unit, mp and mpi),
-#                   build-asan (AddressSanitizer + UBSan: suites unit, mp, mpi)
+#                   build-ci (--werror, everything built, every suite, the
+#                   Python package's suite `python` included), build-core
+#                   (--werror, without MPI, hwloc or CUDA: suites unit and
+#                   mp), build-tsan (ThreadSanitizer, with MPI: suites unit,
+#                   mp and mpi), build-asan (AddressSanitizer + UBSan: suites
+#                   unit, mp, mpi). build-core, -tsan and -asan build only
+#                   what their suites' tests run (.ci/suite_targets.py). The
+#                   summary counts test cases (.ci/test_summary.py).
 #
 # Packages come from Debian with apt-get (skipped when dpkg-query finds them all).
 # Environment knobs, none needed:
@@ -22,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 PACKAGES=(openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
-          libgtest-dev libgmock-dev libbenchmark-dev g++ cmake scdoc strace
+          libgtest-dev g++ cmake scdoc strace
           python3-dev pybind11-dev python3-mpi4py python3-numpy python3-pytest)
 PREFIX=${UCM_BUILD_PREFIX:-build}
 JOBS=${UCM_JOBS:-$(nproc)}
@@ -90,41 +93,49 @@ main_job() {
 # ---- test mode --------------------------------------------------------------
 
 failures=()
-total_ok=0 total_fail=0 total_skip=0
+summaries=()  # STAGE=TESTLOG for .ci/test_summary.py
 
-# tally LOG STAGE: add meson test's closing counts to the totals.
-tally() {
-  local log=$1 stage=$2 ok fail skip
-  ok=$(awk '/^Ok:/ {print $2}' "$log" | tail -n 1)
-  fail=$(awk '/^(Fail|Timeout|Unexpected Pass):/ {n += $NF} END {print n + 0}' "$log")
-  skip=$(awk '/^Skipped:/ {print $2}' "$log" | tail -n 1)
-  if [[ -z "$ok" ]]; then  # meson test never reached its summary
-    total_fail=$((total_fail + 1))
-    return
-  fi
-  total_ok=$((total_ok + ok)) total_fail=$((total_fail + fail)) total_skip=$((total_skip + ${skip:-0}))
-  echo "run.sh: $stage: $ok ok, $fail failed, ${skip:-0} skipped"
-}
-
-# stage NAME DIR "SETUP OPTIONS" "TEST ARGS" [RUNNER...]: build, test, record.
+# stage NAME DIR "SETUP OPTIONS" "SUITES" "TEST ARGS" [RUNNER...]: build, test, record.
+# SUITES "all": build everything (`ninja`) and run every suite. Otherwise build
+# only what those suites' tests run (.ci/suite_targets.py: each test's program
+# and depends, plus what `meson install` copies), not the benchmarks or the
+# test programs of other suites, and run those suites.
 stage() {
-  local name=$1 dir=$2 setup=$3 targs=$4; shift 4
-  local start=$SECONDS
-  say "[$name] configure and build $dir ($setup)"
+  local name=$1 dir=$2 setup=$3 suites=$4 targs=$5; shift 5
+  local start=$SECONDS targets=() suite_args=() s
+  say "[$name] configure and build $dir ($setup; suites: $suites)"
+  local log="$dir/meson-logs/testlog.json"
+  summaries+=("$name=$log")
+  rm -f "$log"  # a stale log from an earlier run must not count
   # shellcheck disable=SC2086  # option lists are words
-  if ! build "$dir" $setup; then
-    failures+=("$name: configure/build failed")
-    total_fail=$((total_fail + 1))
+  if ! configure "$dir" $setup; then
+    failures+=("$name: configure failed")
     return
   fi
-  say "[$name] meson test -C $dir $targs"
-  local log="$dir/meson-logs/run-sh-test.log"
+  if [[ "$suites" != all ]]; then
+    local list
+    # shellcheck disable=SC2086
+    if ! list=$(/usr/bin/python3 .ci/suite_targets.py "$dir" $suites) || [[ -z "$list" ]]; then
+      failures+=("$name: no target list for suites $suites")
+      return
+    fi
+    mapfile -t targets <<<"$list"
+    for s in $suites; do suite_args+=(--suite "$s"); done
+  fi
+  if ! ninja -C "$dir" -j "$JOBS" "${targets[@]}"; then
+    failures+=("$name: build failed")
+    return
+  fi
+  echo "run.sh: $name built in $((SECONDS - start)) s"
+  say "[$name] meson test -C $dir ${suite_args[*]} $targs"
   # shellcheck disable=SC2086
-  if ! "$@" meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$JOBS" $targs \
-       2>&1 | tee "$log"; then
+  if ! "$@" meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$JOBS" \
+       "${suite_args[@]}" $targs; then
     failures+=("$name: meson test failed (log: $dir/meson-logs/testlog.txt)")
   fi
-  tally "$log" "$name"
+  local counts  # its first line is the stage's (no `| head`: pipefail and SIGPIPE)
+  counts=$(/usr/bin/python3 .ci/test_summary.py "$name=$log")
+  echo "${counts%%$'\n'*}"
   echo "run.sh: $name took $((SECONDS - start)) s"
 }
 
@@ -155,7 +166,10 @@ test_job() {
   # so build-ci looks for it as a user's build would (-Dnccl_prefix).
   local ci_opts="--werror"
   [[ -f /usr/local/cuda/include/nccl.h ]] && ci_opts+=" -Dnccl_prefix=/usr/local/cuda"
-  stage ci "$PREFIX-ci" "$ci_opts" ""
+  # build-ci builds everything (apps, benchmarks, the Python module) and runs
+  # every suite: it is the one stage where the benchmarks' smoke runs (suite
+  # bench), the install, obs, python and slurm suites, and gpu's skips run.
+  stage ci "$PREFIX-ci" "$ci_opts" all ""
 
   # Sanitizer builds check the CPU code: CUDA/NCCL code cannot run without a GPU,
   # and nvcc does not take -fsanitize. build-ci compiles it with --werror.
@@ -164,8 +178,9 @@ test_job() {
   # The proof that the cache core builds (without a warning) and passes its
   # tests with none of MPI, hwloc or CUDA (DESIGN.md section 3). Unoptimized:
   # it is the cheapest build, and the optimized code is tested in the others.
+  # It builds what suites unit and mp run (no benchmarks: build-ci runs those).
   stage core "$PREFIX-core" "--werror -Dbuildtype=debug $san_common -Dmpi=disabled -Dhwloc=disabled" \
-    "--suite unit --suite mp"
+    "unit mp" ""
 
   # ThreadSanitizer over everything the CPU runs, with MPI: the core's shared
   # structures in unit and mp, and under mpirun the api layer's threads (the
@@ -173,11 +188,15 @@ test_job() {
   # API at once, then finalize). Open MPI is not instrumented; TSan still
   # intercepts its pthread and memory calls, and needs no suppression with
   # the ob1/vader transports the mpi suite uses.
+  # Both sanitizer stages build only what suites unit, mp and mpi run (the
+  # benchmarks, the Python module, obs's probe are build-ci's), and compile
+  # the test programs' own sources at -O0 (tests/meson.build says why); the
+  # library keeps -O2.
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
   mkdir -p "$PREFIX-tsan"
   probe_tsan "$PREFIX-tsan"
   stage tsan "$PREFIX-tsan" "-Db_sanitize=thread $san_common" \
-    "--suite unit --suite mp --suite mpi --timeout-multiplier 2" "${tsan_runner[@]}"
+    "unit mp mpi" "--timeout-multiplier 2" "${tsan_runner[@]}"
 
   export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
@@ -186,14 +205,15 @@ test_job() {
   # too (Open MPI's own leaks are suppressed by tests/lsan.supp, which the
   # mpi tests' environment names).
   stage asan "$PREFIX-asan" "-Db_sanitize=address,undefined $san_common" \
-    "--suite unit --suite mp --suite mpi --timeout-multiplier 2"
+    "unit mp mpi" "--timeout-multiplier 2"
 
   say "summary ($((SECONDS - start)) s)"
   if ((${#failures[@]})); then
     printf '  FAILED %s\n' "${failures[@]}"
   fi
-  # One plain closing line over all four builds (meson's own counts, per test).
-  echo "run.sh: $total_ok passed, $total_fail failed, $total_skip skipped"
+  # A line per stage, then one closing line over all four: test cases
+  # (GoogleTest's, pytest's, a script is one) and, beside them, test programs.
+  /usr/bin/python3 .ci/test_summary.py "${summaries[@]}"
   ((${#failures[@]} == 0))
 }
 

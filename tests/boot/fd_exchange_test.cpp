@@ -199,6 +199,11 @@ TEST(BootSocket, AGarbledHelloFromARealPeerIsRefusedUntilItSpeaksProperly) {
 
 TEST(BootSocket, PeersOfADeadRankZeroFailClearlyWithinTheBound) {
   // Rank 0 announces itself and dies before listening (or while serving).
+  // The protocol, not the clock: the peer's deadline (120 s, below meson's
+  // timeout for the binary) is one no run reaches, so kPeerDead naming rank 0
+  // (never kTimeout) proves the peer noticed the death itself rather than
+  // waiting out its bound; how long that took is printed, not asserted.
+  constexpr uint64_t kNeverMs = 120000;
   const uint64_t nonce = random_nonce();
   pid_t rank0 = fork_child([] {
     pause();
@@ -209,17 +214,17 @@ TEST(BootSocket, PeersOfADeadRankZeroFailClearlyWithinTheBound) {
     PlaneDescriptor d{};
     std::vector<int> fds;
     const uint64_t t0 = now_ns();
-    const Result r = fetch_planes(nonce, 1, true, rank0_id, deadline_after_ms(20000), &d, &fds);
+    const Result r = fetch_planes(nonce, 1, true, rank0_id, deadline_after_ms(kNeverMs), &d, &fds);
     const uint64_t took_ms = (now_ns() - t0) / 1000000;
     std::fprintf(stderr, "peer saw: %s (%llu ms)\n", last_error().c_str(), static_cast<unsigned long long>(took_ms));
     if (r != Result::kPeerDead) return 40;
     if (last_error().find("local rank 0") == std::string::npos || last_error().find("died") == std::string::npos) return 41;
-    return took_ms < 2000 ? 0 : 42;
+    return 0;
   });
-  usleep(100000);
+  usleep(100000);  // usually lets the peer start waiting first; correct either way
   kill(rank0, SIGKILL);
   wait_child(rank0, 5000);
-  EXPECT_EQ(wait_child(peer, 10000), 0);
+  EXPECT_EQ(wait_child(peer, kNeverMs + 30000), 0) << "40: not kPeerDead; 41: the error does not name rank 0's death";
 }
 
 TEST(BootSocket, RankZeroNamesAPeerThatDiedBeforeConnecting) {

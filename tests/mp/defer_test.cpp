@@ -20,6 +20,7 @@
 #include "common/mp_util.h"
 #include "common/test_util.h"
 #include "device/host_engine.h"
+#include "mp/queue_rank.h"
 #include "queue/load_queue.h"
 
 namespace ucm::test {
@@ -31,42 +32,14 @@ constexpr uint32_t kRanks = 2;
 constexpr uint32_t kKeys = 8;
 constexpr uint64_t kOwnerGraceNs = 60'000'000'000ull;
 
-struct Rank {
-  TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
-  void open(const TestCache& parent, uint32_t rank) {
-    attach_copy(parent, &planes);
-    ASSERT_EQ(join_rank_retrying(planes.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-    CacheOptions co;
-    co.rank = rank;
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
-    SimOptions so;
-    so.latency_us = 1000;
-    BackendContext ctx;
-    ctx.shard_bytes = kShardBytes;
-    ctx.shards_per_block = 8;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_host_engine(static_cast<int>(rank));
-    QueueOptions qo;
-    qo.local_rank = rank;
-    qo.local_size = kRanks;
-    qo.prealloc = false;
-    qo.owner_grace_ns = kOwnerGraceNs;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  void close(uint32_t rank) {
-    queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
-    planes.ctrl.leave(rank);
-  }
-};
+// One rank's queues (queue_rank.h): 2 ranks, no prealloc, the 60 s grace.
+void open_rank(QueueRank* me, const TestCache& parent, uint32_t rank) {
+  QueueOptions qo;
+  qo.local_size = kRanks;
+  qo.prealloc = false;
+  qo.owner_grace_ns = kOwnerGraceNs;
+  me->open(parent, rank, CacheOptions{}, qo, kShardBytes, kDeadlineMs);
+}
 
 Key task_key(uint32_t i) { return key(80000 + i, 2); }
 
@@ -79,8 +52,8 @@ struct DeferShared {
 };
 
 void run(const TestCache& tc, DeferShared* sh, uint32_t rank) {
-  Rank me;
-  ASSERT_NO_FATAL_FAILURE(me.open(tc, rank));
+  QueueRank me;
+  ASSERT_NO_FATAL_FAILURE(open_rank(&me, tc, rank));
   if (rank == 1) {
     ASSERT_TRUE(sh->asleep.wait_ge(1, deadline_after_ms(kDeadlineMs)));
     usleep(20000);  // so that the CPU time printed below covers a deferral of some length (not asserted)

@@ -29,6 +29,7 @@
 #include "common/mp_util.h"
 #include "common/test_util.h"
 #include "device/host_engine.h"
+#include "mp/queue_rank.h"
 #include "queue/load_queue.h"
 
 namespace ucm::test {
@@ -40,45 +41,17 @@ constexpr uint32_t kRanks = 3;
 constexpr uint32_t kVictim = 1;
 constexpr uint32_t kKeys = 4;
 
-// One rank's load path over the parent's planes, as ucm_cache_init builds it.
-struct QueueRank {
-  TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
-  void open(const TestCache& parent, uint32_t rank) {
-    attach_copy(parent, &planes);
-    ASSERT_EQ(join_rank_retrying(planes.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-    CacheOptions co;
-    co.rank = rank;
-    co.liveness_slice_ms = 50;
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
-    SimOptions so;
-    so.latency_us = 1000;
-    BackendContext ctx;
-    ctx.shard_bytes = kShardBytes;
-    ctx.shards_per_block = 8;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_host_engine(static_cast<int>(rank));
-    QueueOptions qo;
-    qo.local_rank = rank;
-    qo.local_size = kRanks;
-    qo.prealloc = false;
-    qo.load_retries = 2;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  void close(uint32_t rank) {
-    // As Cache::release_local: threads, then the store's I/O, then the cache.
-    queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
-    planes.ctrl.leave(rank);
-  }
-};
+// One rank's queues (queue_rank.h): 3 ranks, no prealloc, 2 load retries,
+// and a 50 ms liveness slice so that a killed owner is noticed soon.
+void open_rank(QueueRank* me, const TestCache& parent, uint32_t rank) {
+  CacheOptions co;
+  co.liveness_slice_ms = 50;
+  QueueOptions qo;
+  qo.local_size = kRanks;
+  qo.prealloc = false;
+  qo.load_retries = 2;
+  me->open(parent, rank, co, qo, kShardBytes, kDeadlineMs);
+}
 
 Key task_key(uint32_t i) {
   Key k;
@@ -106,7 +79,7 @@ TEST(QueueKill, SurvivorsTakeOverTheLoadsOfARankKilledWhileItOwnsThem) {
 
   const pid_t victim = ch.spawn([&] {
     QueueRank me;
-    ASSERT_NO_FATAL_FAILURE(me.open(tc, kVictim));
+    ASSERT_NO_FATAL_FAILURE(open_rank(&me, tc, kVictim));
     for (uint32_t i = 0; i < kKeys; ++i) me.store->hang_key(task_key(i));
     std::vector<TaskEntry> es(kKeys);
     std::vector<std::vector<uint8_t>> dst(kKeys, std::vector<uint8_t>(kShardBytes));
@@ -138,7 +111,7 @@ TEST(QueueKill, SurvivorsTakeOverTheLoadsOfARankKilledWhileItOwnsThem) {
 
   auto survivor = [&](uint32_t rank) {
     QueueRank me;
-    ASSERT_NO_FATAL_FAILURE(me.open(tc, rank));
+    ASSERT_NO_FATAL_FAILURE(open_rank(&me, tc, rank));
     ASSERT_TRUE(sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)));
     std::vector<TaskEntry> es(kKeys);
     std::vector<std::vector<uint8_t>> dst(kKeys, std::vector<uint8_t>(kShardBytes, 0xee));

@@ -32,12 +32,7 @@ using Api = MpiTest;
 constexpr uint64_t kHangBlock = 7;  // its shard 0 never loads (the sim store's hang fault)
 constexpr uint64_t kBoundMs = 60000;  // a hang, not slowness
 
-std::string msg(ucm_cache_t c) { return ucm_last_error(c); }
-
 bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
-
-// Milliseconds since `t0` (steady clock).
-uint64_t ms_since(uint64_t t0) { return (now_ns() - t0) / 1000000; }
 
 // Polls `pred` every millisecond for at most kBoundMs; false if it never held.
 template <typename Pred>

@@ -18,6 +18,7 @@
 #include "data/buffer_data.h"
 #include "data/numa.h"
 #include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
 #include "ucmcache/ucm.h"
 
 namespace ucm::test {
@@ -41,12 +42,6 @@ ucm_cache_info_t info_of(ucm_cache_t cache) {
   info.struct_bytes = sizeof(info);
   EXPECT_EQ(ucm_cache_info(cache, &info), UCM_OK) << ucm_last_error(cache);
   return info;
-}
-
-std::vector<uint64_t> allgather_u64(uint64_t v) {
-  std::vector<uint64_t> all(world_size());
-  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
-  return all;
 }
 
 CacheBuffer* buffer_of(ucm_cache_t cache) {

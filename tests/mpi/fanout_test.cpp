@@ -39,6 +39,21 @@ int local_rank_of(ucm_cache_t cache) {
   return info.local_rank;
 }
 
+// The paired-task cases' start: fan-out over a sim store of 50 us latency.
+// False where the case cannot run: init failed (a failure, recorded) or the
+// node has one local rank (the cache is finalized; the caller skips).
+bool open_paired(ucm_cache_t* cache, int* n, int* me) {
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
+  const ucm_result_t r = ucm_cache_init(MPI_COMM_WORLD, &cfg, cache);
+  EXPECT_EQ(r, UCM_OK) << ucm_last_error(nullptr);
+  if (r != UCM_OK) return false;
+  *n = local_size_of(*cache);
+  *me = local_rank_of(*cache);
+  if (*n >= 2) return true;
+  EXPECT_EQ(ucm_cache_finalize(cache), UCM_OK);
+  return false;
+}
+
 LoadBatch keys_batch(uint64_t first_block, uint64_t n) {
   LoadBatch b;
   for (uint64_t i = 0; i < n; ++i) b.add(ukey(first_block + i / 8, static_cast<uint32_t>(i % 8)));
@@ -104,15 +119,9 @@ TEST_F(Fanout, OneHostReadPerShardPerNodeAgainstOnePerRank) {
 // more than the others, so the turns are not trusted again: fan-out is off on
 // every rank from then on, and the next task is delivered by per-rank copies.
 TEST_F(Fanout, DifferentTaskOnOneRankIsBadStateOnEveryRank) {
-  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
   ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
-  const int n = local_size_of(cache);
-  const int me = local_rank_of(cache);
-  if (n < 2) {
-    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
-    GTEST_SKIP() << "needs 2 local ranks";
-  }
+  int n = 0, me = 0;
+  if (!open_paired(&cache, &n, &me)) GTEST_SKIP() << "needs 2 local ranks";
   LoadBatch odd = keys_batch(me == n - 1 ? 71100 : 71000, 12);
   EXPECT_EQ(load_and_wait(cache, odd), UCM_ERR_BAD_STATE);
   const std::string why = ucm_last_error(cache);
@@ -136,15 +145,9 @@ TEST_F(Fanout, DifferentTaskOnOneRankIsBadStateOnEveryRank) {
 // their next one, both fail with UCM_ERR_BAD_STATE, and no later task hangs or
 // fails (fan-out is off from then on).
 TEST_F(Fanout, ExtraTaskOnOneRankNeverUnpairsLaterTasks) {
-  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
   ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
-  const int n = local_size_of(cache);
-  const int me = local_rank_of(cache);
-  if (n < 2) {
-    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
-    GTEST_SKIP() << "needs 2 local ranks";
-  }
+  int n = 0, me = 0;
+  if (!open_paired(&cache, &n, &me)) GTEST_SKIP() << "needs 2 local ranks";
   if (me == 0) {
     LoadBatch extra = keys_batch(71500, 4);
     EXPECT_EQ(load_and_wait(cache, extra), UCM_ERR_BAD_STATE) << ucm_last_error(cache);
@@ -165,15 +168,9 @@ TEST_F(Fanout, ExtraTaskOnOneRankNeverUnpairsLaterTasks) {
 // A load that one rank refuses (a repeated key) still takes that rank's turn:
 // the others fail theirs naming the refusal, and the next task is paired.
 TEST_F(Fanout, RefusedLoadStillTakesItsTurn) {
-  ucm_config_t cfg = fanout_config(128, "sim:latency_us=50");
   ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
-  const int n = local_size_of(cache);
-  const int me = local_rank_of(cache);
-  if (n < 2) {
-    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
-    GTEST_SKIP() << "needs 2 local ranks";
-  }
+  int n = 0, me = 0;
+  if (!open_paired(&cache, &n, &me)) GTEST_SKIP() << "needs 2 local ranks";
   LoadBatch b = keys_batch(72000, 6);
   if (me == 1) b.entries[5].key = b.entries[0].key;
   const ucm_result_t r = load_and_wait(cache, b);

@@ -33,8 +33,6 @@ using Hang = MpiTest;
 
 constexpr uint64_t kSlackMs = 5000;  // a loaded 2-core machine, 4 ranks
 
-std::string msg(ucm_cache_t c) { return ucm_last_error(c); }
-uint64_t ms_since(uint64_t t0) { return (now_ns() - t0) / 1000000; }
 
 // Each entry's destination holds either its key's bytes or nothing at all.
 void expect_no_wrong_byte(const LoadBatch& b, const char* what) {

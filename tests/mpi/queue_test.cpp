@@ -39,9 +39,14 @@ void start_together() {
 }
 
 // One 12-shard task (12 blocks, shard 2) on every rank; returns each rank's
-// owner loads for it.
+// owner loads for it. *window_ns (if given): from the first rank's submission
+// to the last rank's completion, on the node's monotonic clock. A rank defers
+// a peer's stride until the peer serves it or its owner_grace runs out, and
+// it serves its own stride before it completes; so when the whole window is
+// shorter than the grace, the protocol alone decides who owns what.
 std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block, uint32_t io_depth = 1,
-                                        uint64_t skew_us = 0, uint32_t owner_grace_us = 1000) {
+                                        uint64_t skew_us = 0, uint32_t owner_grace_us = 1000,
+                                        uint64_t* window_ns = nullptr) {
   // io_depth 1 paces each dispatcher at one owned load per backend latency, so
   // a rank that starts a little early cannot run through its peers' strides
   // before they start: the free-running queues then keep the seed's lockstep
@@ -58,10 +63,14 @@ std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block,
   for (uint64_t i = 0; i < 12; ++i) b.add(ukey(first_block + i, 2));
   start_together();
   if (skew_us) usleep(static_cast<useconds_t>(skew_us * world_rank()));  // ranks arrive one after another
+  const uint64_t submitted = now_ns();
   EXPECT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
+  const uint64_t completed = now_ns();
   for (size_t i = 0; i < b.entries.size(); ++i) EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
   MPI_Barrier(MPI_COMM_WORLD);
   const std::vector<uint64_t> per_rank = allgather_u64(rank_stats(cache).owner_loads);
+  const std::vector<uint64_t> starts = allgather_u64(submitted), ends = allgather_u64(completed);
+  if (window_ns) *window_ns = *std::max_element(ends.begin(), ends.end()) - *std::min_element(starts.begin(), starts.end());
   const ucm_stats_t node = node_stats(cache);
   EXPECT_EQ(node.owner_loads, 12u) << "each shard loaded once per node";
   EXPECT_EQ(node.failed_shards, 0u);
@@ -76,15 +85,31 @@ std::vector<uint64_t> twelve_shard_task(ucm_order_t order, uint64_t first_block,
   return per_rank;
 }
 
+// The grace the two tests below give: the most the config allows (10 s).
+constexpr uint32_t kLongGraceUs = 10'000'000;
+
+// The protocol's promise holds only for ranks that arrive within the grace:
+// past it, taking a late peer's stride is the protocol too. A window that
+// long is the machine (a rank descheduled for 10 s), not the code: the test
+// says so and skips rather than judge the protocol on it. Never a timing
+// assertion: no outcome is asserted on how fast anything ran.
+bool window_within_grace(uint64_t window_ns) {
+  return window_ns < uint64_t{kLongGraceUs} * 1000;
+}
+
 TEST_F(Queue, ScenarioARotationGivesEveryRankAnEqualShareOfOwnerLoads) {
   // Seed scenario A: each rank owns its stride. A peer's stride waits for that
   // peer for owner_grace; with the default 1 ms a rank that a loaded CI machine
-  // started later than that lost its share (rank 1 owned 12 of 12), so the
-  // test gives a grace no scheduling delay reaches: it checks the protocol.
-  // The free-running balance is a benchmark figure (ucm_bench).
+  // started later than that lost its share (rank 1 owned 12 of 12). So the
+  // grace is 10 s, and the shares are asserted only when every rank took part
+  // inside it (window_within_grace): then nothing but the protocol decides.
+  // The free-running balance at the default grace is a benchmark figure (ucm_bench).
   const int n = world_size();
   if (12 % n != 0) GTEST_SKIP() << "12 shards do not split evenly over " << n << " ranks";
-  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7000, 1, 0, 5'000'000);
+  uint64_t window = 0;
+  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7000, 1, 0, kLongGraceUs, &window);
+  if (!window_within_grace(window))
+    GTEST_SKIP() << "the ranks took part over " << window / 1000000 << " ms, past the 10 s grace";
   ASSERT_EQ(per_rank.size(), static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
 }
@@ -93,12 +118,15 @@ TEST_F(Queue, UnpacedRanksArrivingSkewedStillOwnAnEqualShare) {
   // No pacing (io_depth 16) and each rank 200 us after the previous: the
   // first to arrive leaves its peers' strides to them for owner_grace, so
   // ownership stays 1/n each instead of collapsing onto the earliest rank.
-  // The protocol, not the scheduler: the grace (5 s) is far longer than any
-  // rank's lateness on a loaded machine (a sanitizer build under 1 ms of
-  // grace once saw a rank arrive after its share was taken).
+  // The protocol, not the scheduler: shares are asserted when every rank took
+  // part inside the 10 s grace (a sanitizer build under 1 ms of grace once
+  // saw a rank arrive after its share was taken).
   const int n = world_size();
   if (12 % n != 0) GTEST_SKIP() << "12 shards do not split evenly over " << n << " ranks";
-  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7400, 16, 200, 5'000'000);
+  uint64_t window = 0;
+  const std::vector<uint64_t> per_rank = twelve_shard_task(UCM_ORDER_ROTATE, 7400, 16, 200, kLongGraceUs, &window);
+  if (!window_within_grace(window))
+    GTEST_SKIP() << "the ranks took part over " << window / 1000000 << " ms, past the 10 s grace";
   ASSERT_EQ(per_rank.size(), static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
 }

@@ -84,6 +84,12 @@ inline SimBackend* sim_of(ucm_cache_t cache) {
   return static_cast<SimBackend*>(c->backend());
 }
 
+// The cache's last error (ucm_last_error), short for the tests' messages.
+inline std::string msg(ucm_cache_t c) { return ucm_last_error(c); }
+
+// Milliseconds since `t0` (now_ns, the monotonic clock).
+inline uint64_t ms_since(uint64_t t0) { return (now_ns() - t0) / 1000000; }
+
 inline std::vector<uint64_t> allgather_u64(uint64_t v) {
   std::vector<uint64_t> all(world_size());
   MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
