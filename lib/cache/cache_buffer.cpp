@@ -19,16 +19,6 @@
 namespace ucm {
 namespace {
 
-const char* state_name(State s) {
-  switch (s) {
-    case State::kIdle: return "Idle";
-    case State::kReady: return "Ready";
-    case State::kFailed: return "Failed";
-    case State::kCorrupt: return "Corrupt";
-  }
-  return "?";
-}
-
 inline void mark_accessed(const BufferCtrl& c, uint32_t i) {
   std::atomic<uint8_t>& a = c.accessed(i);
   // Read first: a hot slot's bit is already set, and not writing it keeps the
@@ -104,18 +94,20 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
   const PinResult p = pin_slot(c, opts_.rank, i);
   if (p == PinResult::kOverflow)
     return fail(Result::kBusy, "rank %u already holds %u pins on slot %u", opts_.rank, kMaxPinsPerRank, i);
-  if (p == PinResult::kClaimed) {
-    *a = Attach::kRetry;
-    return Result::kOk;
-  }
+  *a = Attach::kRetry;
+  if (p == PinResult::kClaimed) return Result::kOk;
+  // Re-keyed between our walk and our pin: nothing of ours, unless it still holds k.
+  Result r = Result::kOk;
+  if (slot_has_key(c, i, k)) r = attach_pinned(i, k, out, a);
+  if (r != Result::kOk || *a == Attach::kRetry) unpin_slot(c, opts_.rank, i);
+  return r;
+}
 
-  if (!slot_has_key(c, i, k)) {  // re-keyed between our walk and our pin
-    unpin_slot(c, opts_.rank, i);
-    *a = Attach::kRetry;
-    return Result::kOk;
-  }
+Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a) {
+  const BufferCtrl& c = *ctrl_;
   std::atomic<uint32_t>& word = c.slot(i).word;
-  uint32_t w = word.load(std::memory_order_acquire);
+  uint32_t w = word.load(std::memory_order_acquire);  // [A2] (slot_word.h): Ready means the bytes are in
+  *a = Attach::kDone;
   for (;;) {
     const State s = word_state(w);
     if (s == State::kReady) {
@@ -123,33 +115,29 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
       if (protect_) guard_take(c, opts_.rank, i);
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
-      break;
+      return Result::kOk;
     }
     // Off the hit path: an owner no rank can be is a stray write, and waiting
     // on it would wait for nobody.
-    if (const Result r = check_owner(i, w); r != Result::kOk) {
-      unpin_slot(c, opts_.rank, i);
-      return r;
-    }
+    if (const Result r = check_owner(i, w); r != Result::kOk) return r;
     if (s == State::kCorrupt) {
-      // Not taken over: a reload would fail the same way (layout.h). The
+      // Not taken over: a reload would fail the same way (slot_word.h). The
       // caller fails its load, or dumps the key over it.
       bump(ctr_->waits);
       *out = GetResult{GetKind::kWaiter, i, w, false, false};
-      break;
+      return Result::kOk;
     }
     if (s == State::kFailed || word_owner(w) == kNoOwner) {
-      // An abandoned load's slot loses its key before it turns Failed
-      // (abandon_load): seen Failed, the key is re-checked, never taken over.
+      // An abandoned load's slot loses its key before it turns Failed (T8):
+      // seen Failed, the key is re-checked, never taken over.
       if (!slot_has_key(c, i, k)) {
-        unpin_slot(c, opts_.rank, i);
         *a = Attach::kRetry;
         return Result::kOk;
       }
-      // Take over a failed load, or a preallocated / recovered Idle slot.
-      const uint32_t nw = word_next(w, State::kIdle, opts_.rank);
-      if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-      if (w & kWordWaiters) wake_word(word);
+      // T5: take over a failed load, or a preallocated / recovered Idle slot.
+      const uint32_t nw = word_take_over(w, opts_.rank, false);
+      if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;  // [A2][R5]
+      if (word_has_waiters(w)) wake_word(word);
       const bool was_prealloc = s == State::kIdle;
       mark_accessed(c, i);
       bump_shared(ctr_->takeovers);
@@ -158,15 +146,13 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
         note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
       }
       *out = GetResult{GetKind::kOwner, i, nw, was_prealloc, false};
-      break;
+      return Result::kOk;
     }
     if (protect_) guard_take(c, opts_.rank, i);  // it will copy it once Ready
     bump(ctr_->waits);
     *out = GetResult{GetKind::kWaiter, i, w, false, false};
-    break;
+    return Result::kOk;
   }
-  *a = Attach::kDone;
-  return Result::kOk;
 }
 
 Result CacheBuffer::get(const Key& k, GetResult* out) {
@@ -202,80 +188,63 @@ Result CacheBuffer::check_joined() const {
   return Result::kOk;
 }
 
+// The clock of a locked get(), read only when something makes it wait: an
+// uncontended miss never pays for it.
+struct CacheBuffer::WaitClock {
+  uint64_t deadline = 0;
+  uint64_t next_liveness_check = 0;
+  void start(uint64_t timeout_ms, uint64_t slice_ns) {
+    if (deadline != 0) return;
+    const uint64_t now = now_ns();
+    deadline = now + timeout_ms * 1000000ull;
+    next_liveness_check = now + slice_ns;
+  }
+};
+
 Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
-  // The clock is read only when something makes us wait: an uncontended miss
-  // never pays for it.
-  uint64_t deadline = 0;
-  uint64_t next_liveness_check = 0;
-  auto start_clock = [&] {
-    if (deadline != 0) return;
-    const uint64_t start = now_ns();
-    deadline = start + opts_.lock_timeout_ms * 1000000ull;
-    next_liveness_check = start + slice_ns_;
-  };
+  WaitClock clk;
   bool reaped_for_space = false;
-  // The eviction's progress across lock holds (clock.h): each hold examines
-  // at most kSweepPerCall positions.
-  SweepState sweep;
+  SweepState sweep;  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
   for (;;) {
     if (!shared_try_lock(lock, holder_)) {
-      start_clock();
-      UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline));
+      clk.start(opts_.lock_timeout_ms, slice_ns_);
+      UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, clk.deadline));
     }
     uint32_t i = kNoSlot;
-    if (const Result r = chain_find_locked(c, b, k, &i); r != Result::kOk) {
-      shared_unlock(lock);
-      return r;
-    }
-    if (i != kNoSlot) {
+    Result r = chain_find_locked(c, b, k, &i);
+    if (r == Result::kOk && i != kNoSlot) {
       Attach a;
-      Result r = attach_found(i, k, out, &a);
+      r = attach_found(i, k, out, &a);
       shared_unlock(lock);
       UCM_CHECK(r);
       if (a == Attach::kDone) return Result::kOk;
-      // Claimed by an evictor: it needs our bucket's lock to detach it, will
-      // fail its try-lock and drop the claim. Unless it died holding it.
-      start_clock();
-      const uint64_t now = now_ns();
-      const uint32_t claimer = c.slot(i).claim.load(std::memory_order_relaxed);
-      if (claimer > c.max_ranks())
-        return fail(Result::kCorrupt, "slot %u (bucket %u) is claimed by holder id %u > %u ranks", i, b, claimer,
-                    c.max_ranks());
-      if (now >= deadline)
-        return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i, claimer,
-                    opts_.lock_timeout_ms);
-      if (now >= next_liveness_check) {
-        next_liveness_check = now + slice_ns_;
-        if (any_rank_dead(c)) UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, deadline));
-      }
-      sched_yield();
+      UCM_CHECK(wait_out_claim(i, b, &clk));
       continue;
     }
     bool evicted = false;
-    uint32_t v = take_unused_regular(c, holder_);
-    if (v == kNoSlot) {
-      if (const Result r = take_regular_victim(c, holder_, b, &evicted, &v, &sweep); r != Result::kOk) {
-        shared_unlock(lock);
-        return r;
-      }
+    uint32_t v = kNoSlot;
+    if (r == Result::kOk) {
+      v = take_unused_regular(c, holder_);
+      if (v == kNoSlot) r = take_regular_victim(c, holder_, b, &evicted, &v, &sweep);
     }
-    if (v == kNoSlot && !sweep.done()) {
+    if (r != Result::kOk) {
+      shared_unlock(lock);
+      return r;
+    }
+    if (v == kNoSlot) {
+      shared_unlock(lock);
       // This hold's budget is spent: let the bucket go, then look for the key
       // again (another rank may have loaded it) and sweep on.
-      shared_unlock(lock);
-      continue;
-    }
-    if (v == kNoSlot) {
-      shared_unlock(lock);
+      if (!sweep.done()) continue;
       // Pins of a dead rank may be what fills the cache: recover, then retry once.
       if (!reaped_for_space && any_rank_dead(c)) {
         reaped_for_space = true;
         sweep = SweepState{};
-        start_clock();
-        UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, deadline));
+        clk.start(opts_.lock_timeout_ms, slice_ns_);
+        UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, clk.deadline));
         continue;
       }
       bump(ctr_->no_space);
@@ -284,7 +253,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     // The caller's next move is to fill the slot: start bringing its first
     // line (and its page's translation) in while we finish the bookkeeping.
     __builtin_prefetch(data_->at(v), 1, 3);
-    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);
+    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);  // T1 [R1]: Idle, ours, with the hold
     shared_unlock(lock);
     note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
     bump(ctr_->owner_misses);
@@ -292,6 +261,27 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     *out = GetResult{GetKind::kOwner, v, c.slot(v).word.load(std::memory_order_relaxed), false, evicted};
     return Result::kOk;
   }
+}
+
+Result CacheBuffer::wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk) {
+  // Claimed by an evictor: it needs our bucket's lock to detach it, will
+  // fail its try-lock and drop the claim. Unless it died holding it.
+  const BufferCtrl& c = *ctrl_;
+  clk->start(opts_.lock_timeout_ms, slice_ns_);
+  const uint64_t now = now_ns();
+  const uint32_t claimer = c.slot(i).claim.load(std::memory_order_relaxed);
+  if (claimer > c.max_ranks())
+    return fail(Result::kCorrupt, "slot %u (bucket %u) is claimed by holder id %u > %u ranks", i, b, claimer,
+                c.max_ranks());
+  if (now >= clk->deadline)
+    return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i, claimer,
+                opts_.lock_timeout_ms);
+  if (now >= clk->next_liveness_check) {
+    clk->next_liveness_check = now + slice_ns_;
+    if (any_rank_dead(c)) UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, clk->deadline));
+  }
+  sched_yield();
+  return Result::kOk;
 }
 
 Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, const char* what) {
@@ -306,17 +296,13 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
       return fail(Result::kBadState, "%s: slot %u is %s with owner %u, not a load owned by rank %u", what, slot,
                   state_name(word_state(w)), word_owner(w), opts_.rank);
     }
-    // Ready keeps the owner's hold. Failed does not: a waiter may take the
-    // slot over and become its owner, so the hold becomes an ordinary pin of
-    // this rank first (while the hold still keeps the slot).
-    uint32_t nw = word_next(w, s, opts_.rank);
-    if (w & kWordHold) {
-      if (s == State::kReady) {
-        nw |= kWordHold;
-      } else if (!hold_moved) {
-        ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
-        hold_moved = true;
-      }
+    // T2 keeps the owner's hold. T3/T4 do not: a waiter may take the slot
+    // over and become its owner, so the hold becomes an ordinary pin of this
+    // rank first, while the hold still keeps the slot ([R3]).
+    const uint32_t nw = word_finish(w, s, opts_.rank);
+    if (word_held(w) && s != State::kReady && !hold_moved) {
+      ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
+      hold_moved = true;
     }
     // The stored word of the residency about to become Ready (S1 in
     // layout.h): nobody else writes it while the slot is not Ready, and the
@@ -327,8 +313,8 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
     if (for_write)
       ctrl_->stored(slot).store(stored_make(StoreState::kWriting, opts_.rank, word_version(nw)),
                                 std::memory_order_relaxed);
-    // Release: the bytes written into the slot happen-before any reader that
-    // sees the new state.
+    // [R2]: the bytes written into the slot happen-before any reader that
+    // sees the new state ([A2]).
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
   // CLOCK keeps bytes the store lacks (clock.h) and takes a corrupt copy first.
@@ -337,7 +323,7 @@ Result CacheBuffer::set_final_state(uint32_t slot, State s, bool for_write, cons
     tally(1);  // the write-through is this rank's until finish_write()
   }
   if (s == State::kCorrupt) ctrl_->accessed(slot).store(0, std::memory_order_relaxed);
-  if (w & kWordWaiters) wake_word(word);
+  if (word_has_waiters(w)) wake_word(word);
   return Result::kOk;
 }
 
@@ -353,7 +339,7 @@ Result CacheBuffer::mark_corrupt(uint32_t slot) {
 Result CacheBuffer::claim_write(uint32_t slot, WriteClaim* out, uint32_t* seen) {
   if (slot >= ctrl_->total_slots())
     return fail(Result::kInvalidArg, "claim_write: slot %u >= %u slots", slot, ctrl_->total_slots());
-  const uint32_t w = ctrl_->slot(slot).word.load(std::memory_order_acquire);
+  const uint32_t w = ctrl_->slot(slot).word.load(std::memory_order_acquire);  // [A2]
   if (word_state(w) != State::kReady)
     return fail(Result::kBadState, "claim_write: slot %u is %s, not Ready", slot, state_name(word_state(w)));
   std::atomic<uint32_t>& sw = ctrl_->stored(slot);
@@ -461,9 +447,11 @@ bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_c
     return false;
   std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
   uint32_t w = observed;
-  if (!word.compare_exchange_strong(w, word_next(observed, State::kIdle, opts_.rank), std::memory_order_acq_rel))
+  // T5 [A2][R5]: of the ranks that saw `observed`, one wins.
+  if (!word.compare_exchange_strong(w, word_take_over(observed, opts_.rank, replace_corrupt),
+                                    std::memory_order_acq_rel))
     return false;
-  if (w & kWordWaiters) wake_word(word);
+  if (word_has_waiters(w)) wake_word(word);
   if (s == State::kIdle) note_serving(*ctrl_, opts_.rank);  // an unowned slot is served from now on
   bump_shared(ctr_->takeovers);
   return true;
@@ -478,7 +466,7 @@ Result CacheBuffer::abandon_load(uint32_t slot, uint32_t expected) {
   const uint32_t b = bucket_of(k, c.bucket_mask());
   UCM_CHECK(lock_bucket(c, opts_.rank, b, slice_ns_, deadline_after_ms(opts_.lock_timeout_ms)));
   std::atomic<uint32_t>& word = c.slot(slot).word;
-  uint32_t w = word.load(std::memory_order_acquire);
+  uint32_t w = word.load(std::memory_order_acquire);  // [A2]
   if (word_changed(w, expected) || word_state(w) != State::kIdle || word_owner(w) != opts_.rank ||
       !slot_has_key(c, slot, k)) {
     shared_unlock(&c.bucket(b).lock);
@@ -502,16 +490,16 @@ Result CacheBuffer::abandon_load(uint32_t slot, uint32_t expected) {
       w = 0;
       break;
     }
-    uint32_t nw = word_next(w, State::kFailed, opts_.rank);
-    if ((w & kWordHold) && !hold_moved) {
-      ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);
+    const uint32_t nw = word_abandon_keyless(w, opts_.rank);  // T8
+    if (word_held(w) && !hold_moved) {
+      ctrl_->pin(opts_.rank, slot).fetch_add(1, std::memory_order_relaxed);  // [R3]
       hold_moved = true;
     }
-    // Release: the cleared key happens-before any reader that sees Failed.
+    // [R2]: the cleared key happens-before any reader that sees Failed ([A2]).
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
   }
   shared_unlock(&c.bucket(b).lock);
-  if (w & kWordWaiters) wake_word(word);
+  if (word_has_waiters(w)) wake_word(word);
   return Result::kOk;
 }
 
@@ -551,11 +539,11 @@ Result CacheBuffer::wait_any(const uint32_t* slots, const uint32_t* words, size_
   }
   for (size_t i = 0; i < n; ++i) {
     std::atomic<uint32_t>& word = c.slot(slots[i]).word;
-    uint32_t w = word.load(std::memory_order_seq_cst);
+    uint32_t w = word.load(std::memory_order_seq_cst);  // [A2]
     for (;;) {
       if (word_changed(w, words[i])) return Result::kOk;
-      if (w & kWordWaiters) break;
-      if (word.compare_exchange_weak(w, w | kWordWaiters, std::memory_order_seq_cst)) break;
+      if (word_has_waiters(w)) break;
+      if (word.compare_exchange_weak(w, word_with_waiters(w), std::memory_order_seq_cst)) break;  // T9 [W]
     }
   }
   std::atomic<uint32_t>& bell = c.globals().bell;
@@ -602,7 +590,7 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
   std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
   uint64_t next_check = now_ns() + slice_ns_;
   for (;;) {
-    uint32_t w = word.load(std::memory_order_acquire);
+    uint32_t w = word.load(std::memory_order_acquire);  // [A2]
     if (opts_.wait == WaitMode::kPoll) UCM_CHECK(poll_once(slot, deadline_ns, &w));
     UCM_CHECK(check_owner(slot, w));
     if (word_changed(w, observed)) {
@@ -631,8 +619,8 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
       sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, deadline_ns - now));
       continue;
     }
-    if (!(w & kWordWaiters)) {
-      if (!word.compare_exchange_weak(w, w | kWordWaiters, std::memory_order_relaxed)) continue;
+    if (!word_has_waiters(w)) {
+      if (!word.compare_exchange_weak(w, word_with_waiters(w), std::memory_order_relaxed)) continue;  // T9 [W]
       w |= kWordWaiters;
     }
     // Sleep on exactly the value seen: a change since the load returns at once.
@@ -647,32 +635,42 @@ void CacheBuffer::release(uint32_t slot) {
 bool CacheBuffer::release_one(uint32_t slot) {
   const BufferCtrl& c = *ctrl_;
   if (slot >= c.total_slots()) return false;
-  std::atomic<uint32_t>& word = c.slot(slot).word;
-  std::atomic<uint32_t>& row = c.pin(opts_.rank, slot);
   // References are counted per rank: the hold (an owner's, in the word) plus
   // the rank's pin row. Each release drops exactly one of them, decided by a
   // CAS on the place it drops it from, so two threads of the rank releasing
   // at once never both take the same one (a leak) or both skip it.
-  uint32_t w = word.load(std::memory_order_acquire);
+  uint32_t w = c.slot(slot).word.load(std::memory_order_acquire);  // [A3]
   // A finished load of ours: the hold goes first, without reading the row.
-  while (word_owner(w) == opts_.rank && (w & kWordHold) && word_state(w) != State::kIdle) {
-    if (word.compare_exchange_weak(w, w & ~(kWordHold | kWordWaiters), std::memory_order_acq_rel)) {
-      if (w & kWordWaiters) wake_word(word);
-      return true;
-    }
-  }
+  if (drop_finished_hold(slot, &w)) return true;
   // A pin on a Ready slot (a hit's path): one RMW. Ready cannot change while
   // we hold a reference, so no abandon decision can hang on this pin. Any
   // other state goes to the guarded loop: a Failed slot may be taken over by
   // another thread of this rank between our read and our decrement, and then
   // the count before the decrement decides whether its load is abandoned.
   if (word_state(w) == State::kReady) {
-    if (row.fetch_sub(1, std::memory_order_release) != 0) return true;
+    std::atomic<uint32_t>& row = c.pin(opts_.rank, slot);
+    if (row.fetch_sub(1, std::memory_order_release) != 0) return true;  // as [R4]
     // We held no pin here: the hold of a finished load was taken above, so
     // this is a release without a reference (a caller's error). Undo; the
     // loop below waits out the transient and finds nothing to drop.
     row.fetch_add(1, std::memory_order_relaxed);
   }
+  return release_guarded(slot);
+}
+
+bool CacheBuffer::drop_finished_hold(uint32_t slot, uint32_t* w) {
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  while (word_owner(*w) == opts_.rank && word_held(*w) && word_state(*w) != State::kIdle) {
+    if (word.compare_exchange_weak(*w, word_drop_hold(*w), std::memory_order_acq_rel)) {  // T6 [R4]
+      if (word_has_waiters(*w)) wake_word(word);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool CacheBuffer::release_guarded(uint32_t slot) {
+  std::atomic<uint32_t>& row = ctrl_->pin(opts_.rank, slot);
   uint32_t n = row.load(std::memory_order_relaxed);
   for (int spins = 0;;) {
     if (n > kMaxPinsPerRank && spins < 100000) {
@@ -685,37 +683,47 @@ bool CacheBuffer::release_one(uint32_t slot) {
     }
     if (n == 0) {
       // No pin left: our reference is the hold of a load we own.
-      w = word.load(std::memory_order_acquire);
-      if (word_owner(w) != opts_.rank || !(w & kWordHold)) {
-        // The hold became a pin (mark_failed) or was dropped by recovery.
-        n = row.load(std::memory_order_acquire);
-        if (n == 0) return false;  // nothing of ours left to drop
-        continue;
-      }
-      // Our last reference to a load we never finished abandons it.
-      const bool abandon = word_state(w) == State::kIdle;
-      const uint32_t nw = abandon ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
-      if (word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {
-        if (w & kWordWaiters) wake_word(word);
-        if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
-        return true;
-      }
-      n = row.load(std::memory_order_relaxed);
-      continue;
+      const ReleaseStep step = release_last_hold(slot, &n);
+      if (step == ReleaseStep::kAgain) continue;
+      return step == ReleaseStep::kDropped;
     }
-    if (n == 1) {
-      // Our last pin on a load we own without a hold: abandon it before the
-      // unpin, while the slot cannot be re-keyed under us.
-      w = word.load(std::memory_order_acquire);
-      while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !(w & kWordHold)) {
-        if (word.compare_exchange_weak(w, word_next(w, State::kFailed, kNoOwner), std::memory_order_acq_rel)) {
-          wake_word(word);
-          UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
-          break;
-        }
-      }
-    }
+    // Our last pin on a load we own without a hold: abandon it before the
+    // unpin, while the slot cannot be re-keyed under us.
+    if (n == 1) abandon_unheld_load(slot);
     if (row.compare_exchange_weak(n, n - 1, std::memory_order_release, std::memory_order_relaxed)) return true;
+  }
+}
+
+CacheBuffer::ReleaseStep CacheBuffer::release_last_hold(uint32_t slot, uint32_t* n) {
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  std::atomic<uint32_t>& row = ctrl_->pin(opts_.rank, slot);
+  uint32_t w = word.load(std::memory_order_acquire);  // [A3]
+  if (word_owner(w) != opts_.rank || !word_held(w)) {
+    // The hold became a pin (T3, T4, T8) or was dropped by recovery.
+    *n = row.load(std::memory_order_acquire);
+    return *n == 0 ? ReleaseStep::kNothing : ReleaseStep::kAgain;  // nothing of ours left to drop
+  }
+  // Our last reference to a load we never finished abandons it (T7).
+  const bool abandon = word_state(w) == State::kIdle;
+  const uint32_t nw = abandon ? word_abandon(w) : word_drop_hold(w);
+  if (word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {  // T7 [R2] / T6 [R4]
+    if (word_has_waiters(w)) wake_word(word);
+    if (abandon) UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
+    return ReleaseStep::kDropped;
+  }
+  *n = row.load(std::memory_order_relaxed);
+  return ReleaseStep::kAgain;
+}
+
+void CacheBuffer::abandon_unheld_load(uint32_t slot) {
+  std::atomic<uint32_t>& word = ctrl_->slot(slot).word;
+  uint32_t w = word.load(std::memory_order_acquire);  // [A3]
+  while (word_state(w) == State::kIdle && word_owner(w) == opts_.rank && !word_held(w)) {
+    if (word.compare_exchange_weak(w, word_abandon(w), std::memory_order_acq_rel)) {  // T7 [R2]
+      wake_word(word);
+      UCM_WARN("rank %u released slot %u without marking its load: marked Failed", opts_.rank, slot);
+      return;
+    }
   }
 }
 
@@ -806,7 +814,7 @@ Result CacheBuffer::exists(const Key& k, bool* present) const {
   WalkEnd end;
   const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k, &end);
   if (i == kNoSlot) return end == WalkEnd::kCorrupt ? Result::kCorrupt : Result::kOk;
-  const bool ready = word_state(ctrl_->slot(i).word.load(std::memory_order_acquire)) == State::kReady;
+  const bool ready = word_state(ctrl_->slot(i).word.load(std::memory_order_acquire)) == State::kReady;  // [A2]
   *present = ready && slot_has_key(*ctrl_, i, k);
   return Result::kOk;
 }
@@ -816,8 +824,8 @@ bool CacheBuffer::being_served(const Key& k) const {
   WalkEnd end;
   const uint32_t i = chain_find_unlocked(*ctrl_, bucket_of(k, ctrl_->bucket_mask()), k, &end);
   if (i == kNoSlot) return false;
-  const uint32_t w = ctrl_->slot(i).word.load(std::memory_order_acquire);
-  return !(word_state(w) == State::kIdle && word_owner(w) == kNoOwner) && slot_has_key(*ctrl_, i, k);
+  const uint32_t w = ctrl_->slot(i).word.load(std::memory_order_acquire);  // [A2]
+  return !SlotView(w).is_unowned() && slot_has_key(*ctrl_, i, k);
 }
 
 Result CacheBuffer::reap() {

@@ -11,7 +11,7 @@
 //   get(k)      -> kHit    Ready; pinned; read data_at(slot), then release().
 //               -> kOwner  this rank must fill data_at(slot), then mark_ready()
 //                          or mark_failed(), then release(). Holds the
-//                          owner's reference (the hold bit, layout.h),
+//                          owner's reference (the hold bit, slot_word.h),
 //                          which counts as a pin of this rank.
 //               -> kWaiter another rank is loading it; pinned. Loop on
 //                          wait_for_change(slot, word) until Ready (read,
@@ -27,7 +27,7 @@
 //                  A Corrupt slot (the store's copy failed its checks) is
 //                  answered kWaiter with its word: the caller fails the load
 //                  with UCM_ERR_CORRUPT, or, to dump the key, replaces the
-//                  bytes (try_take_over(slot, w, true)). See layout.h.
+//                  bytes (try_take_over(slot, w, true)). See slot_word.h.
 // Dumps, on a Ready slot (pinned or held), keep the node's promise that a
 // dump which says OK is in the store, through the slot's stored word
 // (layout.h): an owner that fills the slot from the caller marks it
@@ -37,10 +37,9 @@
 // outcome). The writer ends with finish_write(ok).
 // A hit takes no lock: it walks the chain with acquire loads, pins (pins.h),
 // then re-checks key and state. A miss takes the key's bucket lock, looks
-// again, and installs a CLOCK victim. State changes are one CAS on the slot's
-// futex word followed by a wake of all sleepers when one is flagged; a waiter
-// sleeps on exactly the value it saw, so a change between its check and its
-// sleep is never lost. Waits are bounded, check the owner's liveness every
+// again, and installs a CLOCK victim. Every change of the slot's futex word
+// is a transition of ctrl/slot_word.h's table (T0-T10: who may make it, and
+// which release each acquire pairs with); the code names its labels. Waits are bounded, check the owner's liveness every
 // slice, and recover a dead owner's slot (recovery.h).
 //
 // Guarantees: a key is resident in at most one slot; a slot is Ready only after
@@ -129,6 +128,10 @@ class CacheBuffer {
   // key again: they take over the key, never the slot. kBadState, and no
   // change, when the word is no longer `expected` (the load ended meanwhile).
   [[nodiscard]] Result abandon_load(uint32_t slot, uint32_t expected);
+  // The slot's word now, read with acquire ([A2] in ctrl/slot_word.h): decide
+  // on it with SlotView, pass it to wait_for_change(), try_take_over() or
+  // abandon_load(). The caller holds a reference, so it speaks for its key.
+  uint32_t word(uint32_t slot) const { return ctrl_->slot(slot).word.load(std::memory_order_acquire); }
   // Whether `slot` holds k now (a caller holding a reference re-checks after
   // seeing Failed: an abandoned load's slot holds no key).
   bool holds_key(uint32_t slot, const Key& k) const;
@@ -200,10 +203,17 @@ class CacheBuffer {
 
  private:
   enum class Attach { kDone, kRetry };
+  enum class ReleaseStep { kDropped, kNothing, kAgain };
+  struct WaitClock;
   Result check_key(const Key& k) const;
   Result check_joined() const;
+  // Pins slot i, found holding k, and decides get()'s answer; kRetry (pin dropped) when it was re-keyed.
   Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
+  // The decision on a pinned slot that held k; the caller drops the pin on kRetry or an error.
+  Result attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a);
   Result get_locked(const Key& k, uint32_t b, GetResult* out);
+  // get_locked found k on a slot an evictor claims: bounded wait, reaping a dead claimer.
+  Result wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk);
   Result set_final_state(uint32_t slot, State s, bool for_write, const char* what);
   Result poll_once(uint32_t slot, uint64_t deadline_ns, uint32_t* w);
   void note_waited_on(uint32_t w, uint64_t deadline_ns);
@@ -212,6 +222,14 @@ class CacheBuffer {
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;
   bool release_one(uint32_t slot);
+  // release_one's steps (slot_word.h, T6 and T7): the hold of a finished load
+  // of ours (*w: the word seen, updated by a failed CAS); the guarded loop on
+  // the pin row; its step when the row is empty; and the abandon before the
+  // last unpin of a load we own without a hold.
+  bool drop_finished_hold(uint32_t slot, uint32_t* w);
+  bool release_guarded(uint32_t slot);
+  ReleaseStep release_last_hold(uint32_t slot, uint32_t* n);
+  void abandon_unheld_load(uint32_t slot);
   void tally(int64_t d) {
     std::atomic<int64_t>* cell = tally_cell();
     // One writer per cell (its thread): a load and a store, no locked add.

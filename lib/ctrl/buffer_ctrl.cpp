@@ -344,9 +344,9 @@ Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out, CtrlPages p
     SlotMeta& s = c.slots_[i];
     s.shard.store(kEmptyShard, std::memory_order_relaxed);
     s.next.store(kNoSlot, std::memory_order_relaxed);
-    s.word.store(kNoOwner << kWordOwnerShift, std::memory_order_relaxed);
+    s.word.store(word_initial(), std::memory_order_relaxed);  // T0 (slot_word.h), published by [R0] below
   }
-  std::atomic_ref<uint64_t>(h->magic).store(kCtrlMagic, std::memory_order_release);
+  std::atomic_ref<uint64_t>(h->magic).store(kCtrlMagic, std::memory_order_release);  // [R0]
   UCM_INFO(kCtrl, "control region: %" PRIu64 " bytes, %u+%u slots of %" PRIu64 " bytes, %u buckets, %u ranks, evict=%s, %s",
            l.region_bytes, p.regular_slots, p.reserved_slots, p.slot_bytes, p.bucket_count, p.max_ranks,
            evict_name(p.evict), c.pages_note_.c_str());
@@ -391,7 +391,7 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pag
   g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   const CtrlHeader& h = header();
-  const uint64_t magic = std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire);
+  const uint64_t magic = std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire);  // [A0]
   if (magic != kCtrlMagic)
     return fail(Result::kCorrupt, "control region has bad magic 0x%016" PRIx64 " (expected 0x%016" PRIx64 "%s)", magic,
                 kCtrlMagic, magic == 0 ? ": never initialized" : "");

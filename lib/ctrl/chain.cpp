@@ -101,14 +101,14 @@ void install_claimed_slot(const BufferCtrl& c, uint32_t slot, uint32_t b, const 
   // A claimed slot has no pins and no hold (claim_slot read both), hence no
   // sleepers: no wake is needed here.
   uint32_t w = m.word.load(std::memory_order_relaxed);
-  m.word.store(word_next(w, s, owner) | (hold ? kWordHold : 0u), std::memory_order_relaxed);
+  m.word.store(word_install(w, s, owner, hold), std::memory_order_relaxed);  // T1 (slot_word.h)
   m.key_lo.store(k.block.lo, std::memory_order_relaxed);
   m.key_hi.store(k.block.hi, std::memory_order_relaxed);
   m.shard.store(k.shard, std::memory_order_relaxed);
   c.accessed(slot).store(accessed ? 1 : 0, std::memory_order_relaxed);
   c.guard(slot).store(0, std::memory_order_relaxed);  // a new residency: unarmed, untaken (protect.h)
-  chain_push(c, b, slot);  // release: publishes the key and word to chain walkers
-  unclaim_slot(c, slot);   // release: publishes them to pinners
+  chain_push(c, b, slot);  // [R1] release: publishes the key and word to chain walkers
+  unclaim_slot(c, slot);   // [R1] release: publishes them to pinners
 }
 
 }  // namespace ucm

@@ -23,10 +23,8 @@
 //   clears `shard` while its pins keep every claimer out, under the bucket
 //   lock, after unlinking the slot: the slot then floats keyless and Failed
 //   until its pins go, and CLOCK takes it as it takes any floating slot.
-// - SlotMeta.word (the futex word): CAS by the owner (mark_ready/_failed/_corrupt, and
-//   release() dropping its hold), by a taker-over, by waiters (the sleeper bit),
-//   by the claimer on re-key (a plain store: a claimed slot has no pins), and
-//   by recovery.
+// - SlotMeta.word (the futex word): its transition table in slot_word.h says
+//   who may make each change (T0-T10) and which release each acquire pairs with.
 // - pins[r][slot]: only rank r (and recovery, after r died).
 // - accessed[slot]: hits, loads and Touch set it (1); the CLOCK hand clears
 //   it. kAccessedUnstored (2) marks a slot whose bytes are not in the store:
@@ -43,6 +41,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ctrl/slot_word.h"
+
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
@@ -57,33 +57,10 @@ enum class EvictMode : uint32_t { kClock = 0, kRing = 1 };
 enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 
 // ---- the futex word of a slot -------------------------------------------------
-// bits 0-1: State, bit 2: someone sleeps on this word, bits 3-8: owner local rank
-// (kNoOwner = none), bit 9: the owner's hold, bits 10-31: version, bumped by
-// every state or owner change.
+// SlotMeta.word: its encoding, transition table, memory-order pairs and the
+// functions that compute a new word are in ctrl/slot_word.h, the only place
+// its rules are written.
 //
-// The hold is the reference get() gives the rank that wins a missing key: it
-// is set in the same store that installs the key (so a miss pays no pin), kept
-// by mark_ready(), and dropped by that rank's release(). It counts as a pin of
-// the owner rank: nothing evicts a held slot, and recovery drops the hold of a
-// dead owner. mark_failed() turns it into an ordinary pin first, since a
-// Failed slot changes owner when a waiter takes it over.
-enum class State : uint32_t { kIdle = 0, kReady = 1, kFailed = 2, kCorrupt = 3 };
-
-constexpr uint32_t kWordStateMask = 0x3u;
-constexpr uint32_t kWordWaiters = 0x4u;
-constexpr uint32_t kWordOwnerShift = 3;
-constexpr uint32_t kWordOwnerMask = 0x3fu << kWordOwnerShift;
-constexpr uint32_t kNoOwner = 0x3fu;
-constexpr uint32_t kWordHold = 0x200u;
-constexpr uint32_t kWordVersionShift = 10;
-
-inline State word_state(uint32_t w) { return static_cast<State>(w & kWordStateMask); }
-inline uint32_t word_owner(uint32_t w) { return (w & kWordOwnerMask) >> kWordOwnerShift; }
-inline uint32_t word_version(uint32_t w) { return w >> kWordVersionShift; }
-// The next word after `w`: new state and owner, version + 1, waiters bit and hold clear.
-inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
-  return ((word_version(w) + 1) << kWordVersionShift) | (owner << kWordOwnerShift) | static_cast<uint32_t>(s);
-}
 // The completion doorbell (CtrlGlobals.bell) lets one thread sleep on many
 // slots at once (a copier with entries in several loads): it sets the
 // waiters bit of every word it waits on, reads the bell, re-reads the words,
@@ -95,8 +72,6 @@ inline uint32_t word_next(uint32_t w, State s, uint32_t owner) {
 // and sees the change; one that read the bell before sleeps on a stale value
 // and returns at once. Recovery does not ring it: a sleeper also wakes every
 // liveness slice and looks again.
-// Two words differ in substance (not just in the waiters bit).
-inline bool word_changed(uint32_t a, uint32_t b) { return ((a ^ b) & ~kWordWaiters) != 0; }
 
 // ---- the stored word of a slot (stored[slot]) ---------------------------------
 // Whether the bytes of a Ready slot are in the backend store. Every local rank
@@ -260,7 +235,7 @@ struct SlotMeta {
   std::atomic<uint64_t> key_hi;  // claim holder: block id, high half
   std::atomic<uint32_t> shard;   // claim holder: shard index, kEmptyShard when empty
   std::atomic<uint32_t> next;    // holder of the chain's bucket lock: next slot in chain
-  std::atomic<uint32_t> word;    // the futex word (see above)
+  std::atomic<uint32_t> word;    // the futex word: slot_word.h (transitions T0-T10)
   std::atomic<uint32_t> claim;   // 0, or holder id of the rank re-keying this slot
 };
 static_assert(sizeof(SlotMeta) == 32);

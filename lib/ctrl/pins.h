@@ -14,19 +14,15 @@
 // other, so a slot is never re-keyed under a pin. A pinner then re-checks the
 // key: the slot may have been re-keyed before the pin landed.
 //
-// The owner's hold (kWordHold in the slot's futex word, layout.h) is one more
-// reference of the owner rank. Only the claimer sets it, when it installs a
-// key, so no pinner races it. It leaves the word by CAS: the owner's release,
-// mark_failed (which first turns it into a pin of the owner's row), or
-// recovery. A reference thus moves from the hold to a row, never back, and
-// an evictor reads the hold before the rows: if it finds the hold gone, it
-// has synchronized with the CAS that cleared it and sees the pin that took
-// its place. Each release() drops exactly one of the rank's references: the
-// hold by a CAS on the word, a pin on a Ready slot by one fetch_sub (Ready
-// cannot change under a reference), any other pin by a CAS on the row that
-// re-decides the abandon rule on the count it replaces. Two threads of a rank
-// releasing at once thus never drop the same reference, and never both skip
-// abandoning a load.
+// The owner's hold (in the slot's futex word) is one more reference of the
+// owner rank; how it is set, moved to a pin row and dropped, and the pairs
+// that make an evictor see it, are the slot word's table (slot_word.h: T1,
+// T3/T4/T8 with [R3], T6 with [R4]). Each release() drops exactly one of the
+// rank's references: the hold by a CAS on the word, a pin on a Ready slot by
+// one fetch_sub (Ready cannot change under a reference), any other pin by a
+// CAS on the row that re-decides the abandon rule (T7) on the count it
+// replaces. Two threads of a rank releasing at once thus never drop the same
+// reference, and never both skip abandoning a load.
 #pragma once
 
 #include <atomic>
@@ -43,31 +39,33 @@ constexpr uint32_t kMaxPinsPerRank = 0xffffffu;  // far above any real count; gu
 
 inline PinResult pin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
   std::atomic<uint32_t>& p = c.pin(rank, i);
-  uint32_t before = p.fetch_add(1, std::memory_order_seq_cst);
+  uint32_t before = p.fetch_add(1, std::memory_order_seq_cst);  // Dekker with claim_slot
   if (before == kMaxPinsPerRank) {
     p.fetch_sub(1, std::memory_order_relaxed);
     return PinResult::kOverflow;
   }
-  if (c.slot(i).claim.load(std::memory_order_seq_cst) != 0) {
+  if (c.slot(i).claim.load(std::memory_order_seq_cst) != 0) {  // [A1] (slot_word.h) when 0
     p.fetch_sub(1, std::memory_order_release);
     return PinResult::kClaimed;
   }
   return PinResult::kPinned;
 }
 
-// Drops one pin; returns the count this rank still holds on the slot.
+// Drops one pin; returns the count this rank still holds on the slot. Release:
+// pairs with claim_slot's seq_cst read of the rows, as [R4] (slot_word.h).
 inline uint32_t unpin_slot(const BufferCtrl& c, uint32_t rank, uint32_t i) {
   return c.pin(rank, i).fetch_sub(1, std::memory_order_release) - 1;
 }
 
-// The owner's hold (layout.h, kWordHold) is a pin too.
+// The owner's hold (slot_word.h) is a pin too. Relaxed: a hint (sweep_candidate);
+// claim_slot's seq_cst read is [A3]/[A4].
 inline bool slot_held(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
-  return (c.slot(i).word.load(mo) & kWordHold) != 0;
+  return word_held(c.slot(i).word.load(mo));
 }
 
-// The hold is read first: a reference moves from the hold to a pin row
-// (add_pin then a release that drops the hold; mark_failed), never back, so
-// a reader that finds the hold gone then sees the pin that replaced it.
+// The hold is read first ([A3] in slot_word.h): a reference moves from the
+// hold to a pin row, never back, so a reader that finds the hold gone then
+// sees the pin that replaced it.
 inline bool slot_pinned(const BufferCtrl& c, uint32_t i, std::memory_order mo = std::memory_order_relaxed) {
   if (slot_held(c, i, mo)) return true;
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
@@ -117,17 +115,18 @@ inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, 
   for (uint32_t r = 0; r < c.max_ranks(); ++r)
     if ((rank_mask >> r) & 1u) out->pins += c.pin(r, i).exchange(0, std::memory_order_acq_rel);
   std::atomic<uint32_t>& word = c.slot(i).word;
-  uint32_t w = word.load(std::memory_order_acquire);
+  uint32_t w = word.load(std::memory_order_acquire);  // [A2]
   for (;;) {
     const uint32_t owner = word_owner(w);
     // kNoOwner, or a stray value past any rank: not one of ours to drop.
     if (owner >= kMaxRanks || !((rank_mask >> owner) & 1u)) return;
+    // Idle: a load they never finished (T7); finished, with their hold (T6).
     const bool unfinished = word_state(w) == State::kIdle;
-    if (!unfinished && !(w & kWordHold)) return;
-    const uint32_t nw = unfinished ? word_next(w, State::kFailed, kNoOwner) : (w & ~(kWordHold | kWordWaiters));
-    if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {
+    if (!unfinished && !word_held(w)) return;
+    const uint32_t nw = unfinished ? word_abandon(w) : word_drop_hold(w);
+    if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {  // T7 [R2] / T6 [R4]
       ++(unfinished ? out->loads : out->holds);
-      if (unfinished || (w & kWordWaiters)) futex_wake(&word, kWakeAll);
+      if (unfinished || word_has_waiters(w)) futex_wake(&word, kWakeAll);
       return;
     }
   }
@@ -139,13 +138,14 @@ inline bool claim_slot(const BufferCtrl& c, uint32_t holder, uint32_t i) {
   if (s.claim.load(std::memory_order_relaxed) != 0) return false;
   uint32_t expected = 0;
   if (!s.claim.compare_exchange_strong(expected, holder, std::memory_order_seq_cst)) return false;
-  if (slot_pinned(c, i, std::memory_order_seq_cst)) {
+  if (slot_pinned(c, i, std::memory_order_seq_cst)) {  // [A3] [A4] (slot_word.h)
     s.claim.store(0, std::memory_order_release);
     return false;
   }
   return true;
 }
 
+// Release: [R1] (slot_word.h) when it ends a re-key.
 inline void unclaim_slot(const BufferCtrl& c, uint32_t i) { c.slot(i).claim.store(0, std::memory_order_release); }
 
 }  // namespace ucm

@@ -56,10 +56,10 @@ void reset_floating_slot(const BufferCtrl& c, uint32_t i) {
   SlotMeta& s = c.slot(i);
   s.shard.store(kEmptyShard, std::memory_order_relaxed);
   uint32_t w = s.word.load(std::memory_order_relaxed);
-  s.word.store(word_next(w, State::kIdle, kNoOwner), std::memory_order_relaxed);
+  s.word.store(word_reset(w), std::memory_order_relaxed);  // T10 (slot_word.h)
   c.accessed(i).store(0, std::memory_order_relaxed);
-  unclaim_slot(c, i);
-  if (w & kWordWaiters) futex_wake(&s.word, kWakeAll);
+  unclaim_slot(c, i);  // [R1]
+  if (word_has_waiters(w)) futex_wake(&s.word, kWakeAll);
 }
 
 }  // namespace

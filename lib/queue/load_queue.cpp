@@ -343,7 +343,7 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
       t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
       return true;
     }
-    g.word = cache_->ctrl().slot(g.slot).word.load(std::memory_order_acquire);
+    g.word = cache_->word(g.slot);
   }
   // Handed over in batches (flush_batch): one lock and one wake for many
   // entries, and never held back while the dispatcher waits for anything.
@@ -394,7 +394,7 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, nullptr, index, slot, true};
   io->deadline_ns = deadline;
-  io->word = cache_->ctrl().slot(slot).word.load(std::memory_order_acquire);
+  io->word = cache_->word(slot);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
   io->req.bytes = cache_->ctrl().slot_bytes();
@@ -697,7 +697,7 @@ bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
       (void)expire_due_ios();
       add(ctr_->wait_ns, now_ns() - started);
       fail_item(it, Result::kTimeout,
-                key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(*w)) +
+                key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(*w).owner()) +
                     " at the task's deadline");
       return false;
     }
@@ -711,7 +711,7 @@ bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
 }
 
 std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
-  const uint32_t by = word_owner(w);
+  const uint32_t by = SlotView(w).owner();
   if (by == opts_.local_rank) {
     std::lock_guard<std::mutex> g(io_mu_);
     const auto it = corrupt_notes_.find(slot);
@@ -752,7 +752,7 @@ bool LoadQueue::load_as_owner(Item& it, uint32_t* w) {
     fail_item(it, r, key_text(it.task->entries()[it.index].key) + ": " + last_error());
     return false;
   }
-  *w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+  *w = cache_->word(it.slot);
   return true;
 }
 
@@ -765,16 +765,16 @@ bool LoadQueue::process(Item& it) {
   if (it.started == 0) it.started = now_ns();
   const uint64_t started = it.started;
   // Fresh: the item holds a reference, so the slot's word speaks for its key.
-  uint32_t w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+  uint32_t w = cache_->word(it.slot);
   for (;;) {
-    const State s = word_state(w);
+    const State s = SlotView(w).state();
     if (s == State::kReady) break;
     if (s == State::kCorrupt) {
       add(ctr_->wait_ns, now_ns() - started);
       fail_item(it, Result::kCorrupt, corrupt_text(e.key, it.slot, w));
       return true;
     }
-    const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
+    const bool unowned = SlotView(w).is_unowned();
     if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
       // Its load was abandoned at its deadline: the key, not the slot, is taken over.
       GetKind kind = GetKind::kWaiter;
@@ -796,7 +796,7 @@ bool LoadQueue::process(Item& it) {
         return true;
       }
       if (cache_->try_take_over(it.slot, w) && !load_as_owner(it, &w)) return true;
-      w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+      w = cache_->word(it.slot);
       continue;
     }
     // Idle with an owner: somebody (maybe us) is filling it. The copier
@@ -808,14 +808,14 @@ bool LoadQueue::process(Item& it) {
     if (now_ns() >= it.task->deadline_ns()) {
       // Our own load of it, if any, expires first: its slot goes, its depth comes back.
       (void)expire_due_ios();
-      const uint32_t again = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
-      if (word_changed(again, w) && word_state(again) == State::kReady) {
+      const uint32_t again = cache_->word(it.slot);
+      if (SlotView(again).changed_from(w) && SlotView(again).is_ready()) {
         w = again;
         continue;
       }
       add(ctr_->wait_ns, now_ns() - started);
       fail_item(it, Result::kTimeout,
-                key_text(e.key) + ": still loading by local rank " + std::to_string(word_owner(w)) +
+                key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(w).owner()) +
                     " at the task's deadline");
       return true;
     }
@@ -842,9 +842,9 @@ void LoadQueue::process_dump(Item& it) {
   const uint64_t started = now_ns();
   uint32_t w = it.word;
   for (;;) {
-    const State s = word_state(w);
+    const State s = SlotView(w).state();
     if (s == State::kReady) return dump_ready(it, started);
-    const bool unowned = s == State::kIdle && word_owner(w) == kNoOwner;
+    const bool unowned = SlotView(w).is_unowned();
     if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
       GetKind kind = GetKind::kWaiter;
       if (!regain(it, &w, started, &kind)) return;
@@ -880,7 +880,7 @@ void LoadQueue::process_dump(Item& it) {
         cache_->release(it.slot);
         return;  // the entry completes with the write-through
       }
-      w = cache_->ctrl().slot(it.slot).word.load(std::memory_order_acquire);
+      w = cache_->word(it.slot);
       continue;
     }
     if (!await_change(it, &w, started)) return;

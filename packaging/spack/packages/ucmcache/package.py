@@ -61,6 +61,7 @@ class Ucmcache(MesonPackage):
             "-Dmpi=enabled",
             "-Dman=enabled",
             "-Dpython=disabled",  # the Python package is for Debian's interpreter (README)
+            "-Ddebug_asserts=auto",  # on only in a debug or debugoptimized build_type
             feature("cuda"),
             feature("hwloc"),
             feature("nccl"),
