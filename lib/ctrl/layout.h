@@ -48,7 +48,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 11;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell
+constexpr uint32_t kCtrlAbi = 12;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: RankCounters.inline_tasks
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -246,8 +246,9 @@ struct RankCounters {
   // exact maximum (a CAS max: the threads of rank r that complete tasks).
   std::atomic<uint64_t> latency_max_us;
   std::atomic<uint64_t> latency_us[kLatencyBuckets];
+  std::atomic<uint64_t> inline_tasks;       // load tasks copied and completed on the submitting thread
 };
-static_assert(sizeof(RankCounters) == 8 * (22 + kLatencyBuckets));
+static_assert(sizeof(RankCounters) == 8 * (23 + kLatencyBuckets));
 
 // One per local rank, 4 KiB each. Line 0 is the identity; the counters follow.
 struct alignas(64) RankRecord {
