@@ -9,13 +9,25 @@
 // hit), then, per repetition and task size, times `iters` tasks of ucm_load_task
 // + ucm_task_wait and, right after, `iters` rounds of memcpy of the same
 // number of shards from a host buffer of the same size into the same
-// destinations. Printed per task size: the medians over the repetitions of
-// us per task, us of memcpy, the difference (the fixed cost above memcpy), and
-// memcpy's time / the task's time (the fraction of memcpy reached; goals: a
-// 1-entry task at most 3 us above memcpy, 64 x 16 KiB at least 0.95 of it with
-// one rank, 0.9 with two). --check (the bench suite) only checks that every
-// task succeeded and wrote its destinations; it never looks at time.
+// destinations. Two kinds of task, side by side:
+//   inline  every entry a hit: the calling thread copies it (the inline path,
+//           queue/load_queue.h), no hand-off to the queue's threads;
+//   queued  the same task with entry 0 a key never asked before (a miss, from
+//           the sim store at latency 0): the whole task goes through the
+//           dispatcher and the copier, so this row is the queue's fixed cost
+//           plus one store load (a reference, not a goal).
+// Printed per kind and task size: the medians over the repetitions of us per
+// task, us of memcpy, the difference (the fixed cost above memcpy), memcpy's
+// time / the task's time (the fraction of memcpy reached; goals: a 1-entry
+// inline task at most 3 us above memcpy, 64 x 16 KiB at least 0.95 of it with
+// one rank, 0.9 with two), and two counts that do not depend on the clock:
+// the fraction of tasks that took the inline path (inline_tasks) and the
+// process's context switches per task (getrusage: voluntary + involuntary,
+// every thread). --check (the bench suite) only checks that every task
+// succeeded and wrote its destinations, and that the inline kind was inline
+// and the queued kind queued; it never looks at time.
 #include <mpi.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -50,6 +62,12 @@ ucm_key_t make_key(uint64_t b) {
   std::memcpy(k.block.bytes, &lo, 8);
   std::memcpy(k.block.bytes + 8, &hi, 8);
   return k;
+}
+
+uint64_t context_switches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_nvcsw) + static_cast<uint64_t>(u.ru_nivcsw);
 }
 
 double median(std::vector<double> v) {
@@ -95,7 +113,7 @@ int main(int argc, char** argv) {
   ucm_config_t cfg;
   if (ucm_config_init(&cfg) != UCM_OK) usage(ucm_last_error(nullptr));
   cfg.shard_bytes = shard;
-  cfg.cache_bytes = uint64_t{most} * g_size * shard * 2;
+  cfg.cache_bytes = uint64_t{most} * g_size * shard * 4;  // room for the queued kind's fresh keys
   cfg.shards_per_block = 1;
   cfg.max_task_entries = most;
   cfg.prealloc = 0;
@@ -116,42 +134,79 @@ int main(int argc, char** argv) {
     entries[i].key = make_key(uint64_t{static_cast<uint32_t>(g_rank)} * most + i);
     entries[i].dst = dst.data() + uint64_t{i} * shard;
   }
-  auto one_task = [&](uint32_t n) {
+  const ucm_key_t warm0 = entries[0].key;
+  uint64_t fresh = 0;  // the queued kind's misses: keys no task asked for before
+  auto one_task = [&](uint32_t n, bool queued) {
+    if (queued) entries[0].key = make_key((uint64_t{1} << 40) + (uint64_t{static_cast<uint32_t>(g_rank)} << 32) + fresh++);
     ucm_task_t t = 0;
     ucm_result_t r = ucm_load_task(cache, entries.data(), n, &t);
     if (r == UCM_OK) r = ucm_task_wait(cache, t, 60000);
     if (r != UCM_OK && g_failures++ < 5) std::fprintf(stderr, "rank %d: task: %s\n", g_rank, ucm_last_error(cache));
+    entries[0].key = warm0;
   };
-  one_task(most);  // warm: every later entry is a hit
+  auto inline_tasks = [&] {
+    ucm_stats_t s{};
+    s.struct_bytes = sizeof(s);
+    if (ucm_cache_stats(cache, &s, nullptr) != UCM_OK) ++g_failures;
+    return s.inline_tasks;
+  };
   for (uint32_t n : sizes) {
-    std::vector<double> task_us, copy_us;
-    for (uint32_t rep = 0; rep < reps; ++rep) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      if (check) std::memset(dst.data(), 0xee, dst.size());
-      int64_t t0 = mono_ns();
-      for (uint32_t k = 0; k < iters; ++k) one_task(n);
-      int64_t t1 = mono_ns();
-      if (check)
-        for (uint32_t i = 0; i < n; ++i)
-          if (dst[uint64_t{i} * shard] == 0xee && g_failures++ < 5)
-            std::fprintf(stderr, "rank %d: entry %u was not written\n", g_rank, i);
-      task_us.push_back(double(t1 - t0) / 1e3 / iters);
-      MPI_Barrier(MPI_COMM_WORLD);
-      t0 = mono_ns();
-      for (uint32_t k = 0; k < iters; ++k)
-        for (uint32_t i = 0; i < n; ++i)
-          std::memcpy(dst.data() + uint64_t{i} * shard, src.data() + uint64_t{i} * shard, shard);
-      t1 = mono_ns();
-      copy_us.push_back(double(t1 - t0) / 1e3 / iters);
+    for (bool queued : {false, true}) {
+      // The queued kind's misses may have evicted warm keys: warm them again,
+      // every rank before any times (a peer's miss evicting now could take a
+      // warm key, or claim its slot for a moment, and send a task the queue's way).
+      // Until a round in which every rank's warm task went inline whole: a
+      // load (this rank's or a peer's: the slots are the node's) may evict a
+      // key loaded before it. Bounded.
+      if (!queued) {
+        for (int tries = 0, missed = 1; missed && tries < 20; ++tries) {
+          const uint64_t before = inline_tasks();
+          one_task(most, false);
+          const int mine = inline_tasks() == before;
+          MPI_Allreduce(&mine, &missed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+        }
+      }
+      std::vector<double> task_us, copy_us, csw, inlined;
+      for (uint32_t rep = 0; rep < reps; ++rep) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (check) std::memset(dst.data(), 0xee, dst.size());
+        const uint64_t in0 = inline_tasks(), cs0 = context_switches();
+        int64_t t0 = mono_ns();
+        for (uint32_t k = 0; k < iters; ++k) one_task(n, queued);
+        int64_t t1 = mono_ns();
+        const uint64_t cs1 = context_switches(), in1 = inline_tasks();
+        if (check) {
+          for (uint32_t i = 0; i < n; ++i)
+            if (dst[uint64_t{i} * shard] == 0xee && g_failures++ < 5)
+              std::fprintf(stderr, "rank %d: entry %u was not written\n", g_rank, i);
+          if (in1 - in0 != (queued ? 0 : iters) && g_failures++ < 5)
+            std::fprintf(stderr, "rank %d: %s tasks of %u entries: %llu of %u inline\n", g_rank,
+                         queued ? "queued" : "inline", n, static_cast<unsigned long long>(in1 - in0), iters);
+        }
+        task_us.push_back(double(t1 - t0) / 1e3 / iters);
+        csw.push_back(double(cs1 - cs0) / iters);
+        inlined.push_back(double(in1 - in0) / iters);
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = mono_ns();
+        for (uint32_t k = 0; k < iters; ++k)
+          for (uint32_t i = 0; i < n; ++i)
+            std::memcpy(dst.data() + uint64_t{i} * shard, src.data() + uint64_t{i} * shard, shard);
+        t1 = mono_ns();
+        copy_us.push_back(double(t1 - t0) / 1e3 / iters);
+      }
+      double tm = median(task_us), cm = median(copy_us), cs = median(csw), in = median(inlined);
+      double worst_t = 0, worst_c = 0, worst_cs = 0, least_in = 0;
+      MPI_Allreduce(&tm, &worst_t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(&cm, &worst_c, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(&cs, &worst_cs, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(&in, &least_in, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+      if (g_rank == 0)
+        std::printf("ranks %d  %-6s entries %4u x %" PRIu64 " B  task %9.3f us  memcpy %9.3f us  above %8.3f us  "
+                    "fraction-of-memcpy %.3f  inline %.2f  ctx-switches/task %.2f  (medians of %u reps x %u tasks; "
+                    "slowest rank)\n",
+                    g_size, queued ? "queued" : "inline", n, shard, worst_t, worst_c, worst_t - worst_c,
+                    worst_t > 0 ? worst_c / worst_t : 0.0, least_in, worst_cs, reps, iters);
     }
-    double tm = median(task_us), cm = median(copy_us), worst_t = 0, worst_c = 0;
-    MPI_Allreduce(&tm, &worst_t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&cm, &worst_c, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (g_rank == 0)
-      std::printf("ranks %d  entries %4u x %" PRIu64 " B  task %9.3f us  memcpy %9.3f us  above %8.3f us  "
-                  "fraction-of-memcpy %.3f  (medians of %u reps x %u tasks; slowest rank)\n",
-                  g_size, n, shard, worst_t, worst_c, worst_t - worst_c, worst_t > 0 ? worst_c / worst_t : 0.0,
-                  reps, iters);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (ucm_cache_finalize(&cache) != UCM_OK) ++g_failures;

@@ -328,6 +328,9 @@ typedef struct ucm_stats {
   uint64_t fanout_bcast_bytes;  /* bytes this rank received by broadcast */
   uint64_t fanout_fallbacks;    /* tasks that fell back to per-rank copies (timeout, communicator error) */
   uint64_t fanout_mismatches;   /* tasks failed because the ranks submitted different tasks */
+  uint64_t inline_tasks;        /* load tasks whose every entry was a hit, copied and completed by
+                                   the thread that submitted them (host engine, fan-out off): done
+                                   when ucm_load_task returns */
 } ucm_stats_t;
 
 /* The cache calls exist in a library built with MPI (ucmcache.pc then sets no
@@ -368,7 +371,10 @@ UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);
 UCM_API ucm_result_t ucm_cache_info(ucm_cache_t cache, ucm_cache_info_t* info);
 
 /* Submits a load (see above). NULL entries (n > 0), a NULL dst or a NULL task:
- * UCM_ERR_NULL_POINTER. Threads: any, concurrently. */
+ * UCM_ERR_NULL_POINTER. A task whose every entry is in the cache already is
+ * copied by the calling thread before this returns, over the host engine with
+ * fan-out off (ucm_stats_t.inline_tasks counts them); any other task is copied
+ * by the rank's queue while this returns at once. Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* entries, size_t n, ucm_task_t* task);
 /* Copies each shard into a cache slot (Ready at once, so peers hit it) and
  * writes it through to the backend. When several ranks dump the same key, one

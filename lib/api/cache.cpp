@@ -182,6 +182,11 @@ Result Cache::open_rank() {
     q.load_retries = config_.load_retries;
     q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
     if (config_.fanout != UCM_FANOUT_OFF) q.owner_grace_ns = 0;  // a rank's fan-out loads are its own alone
+    // All-hit loads copied on the calling thread (load_queue.h): never in
+    // fan-out (its turns are collective) nor with order=natural (the legacy
+    // control group keeps the old code's hand-offs); the queue takes it only
+    // over the host engine's memcpy.
+    q.inline_hits = config_.fanout == UCM_FANOUT_OFF && q.rotate;
     queue_ = std::make_unique<LoadQueue>(buffer_.get(), backend_.get(), engine_.get(), placement_, q);
     r = queue_->start();
     // From here this rank copies the node's collective loads: peers' loads wait for it (ctrl/protect.h).
@@ -533,6 +538,8 @@ void add_counters(const RankRecord& rec, ucm_stats_t* s, uint64_t* hist) {
   s->dumps += v(q.dumps);
   s->bytes_dumped += v(q.bytes_dumped);
   s->direct_fallbacks += v(q.direct_fallbacks);
+  s->inline_tasks += v(q.inline_tasks);
+  s->hits += v(q.inline_hits);  // the inline path's hits (queue/counters.h)
   for (uint32_t i = 0; i < kLatencyBuckets; ++i) hist[i] += v(q.latency_us[i]);
   s->latency_max_us = std::max(s->latency_max_us, v(q.latency_max_us));
 }

@@ -1,12 +1,12 @@
 // C API: tasks, touch, lookup, stats. Every bad argument is its own result
 // with a message naming it; nothing is submitted unless every entry is good.
+#include <algorithm>
 #include <cinttypes>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
 #include "api/config.h"
 #include "api/handles.h"
-#include "backend/sim_backend.h"
 #include "common/log.h"
 #include "common/trace.h"
 
@@ -19,8 +19,52 @@ ucm::Key to_key(const ucm_key_t& k) {
   return out;
 }
 
+// Where a task first repeats a key: the first entry (in entry order) whose
+// key an earlier entry has, and the earliest such entry (*later = n: none).
+// Without a node per entry: (hash, index) pairs, on the stack up to 64
+// entries, sorted; equal hashes are then compared key by key.
+void first_repeat(const std::vector<ucm::TaskEntry>& es, size_t* later, size_t* earlier) {
+  struct HashAt {
+    uint64_t hash;
+    uint32_t index;
+  };
+  const size_t n = es.size();
+  constexpr size_t kOnStack = 64;
+  HashAt on_stack[kOnStack];
+  std::vector<HashAt> on_heap;
+  HashAt* h = on_stack;
+  if (n > kOnStack) {
+    on_heap.resize(n);
+    h = on_heap.data();
+  }
+  for (size_t i = 0; i < n; ++i)
+    h[i] = HashAt{ucm::block_hash(es[i].key.block) ^ (uint64_t{es[i].key.shard} * 0x9E3779B97F4A7C15ull),
+                  static_cast<uint32_t>(i)};
+  std::sort(h, h + n, [](const HashAt& a, const HashAt& b) { return a.hash != b.hash ? a.hash < b.hash : a.index < b.index; });
+  *later = n;
+  for (size_t a = 0; a < n;) {
+    size_t b = a + 1;
+    while (b < n && h[b].hash == h[a].hash) ++b;
+    // [a, b): one hash, indices ascending. Its first entry that repeats an
+    // earlier one of the run is the run's candidate; later ones are later.
+    bool found = false;
+    for (size_t j = a + 1; j < b && !found && h[j].index < *later; ++j) {
+      for (size_t k = a; k < j; ++k) {
+        if (es[h[k].index].key == es[h[j].index].key) {
+          *later = h[j].index;
+          *earlier = h[k].index;
+          found = true;
+          break;
+        }
+      }
+    }
+    a = b;
+  }
+}
+
 // Checks a task's entries and converts them; `take(e, out)` copies entry e's
-// dst or src into out and says whether it is non-NULL.
+// dst or src into out and says whether it is non-NULL. The first bad entry
+// (in entry order) is the error, a repeated key being entry i's last check.
 template <typename Entry, typename Take>
 ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, const ucm_task_t* task, Take take,
                           const char* ptr_name, std::vector<ucm::TaskEntry>* out) {
@@ -32,22 +76,19 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
   const uint32_t limit = c.config().max_task_entries;
   if (n > limit) return fail(Result::kTooLarge, "n %zu > max_task_entries %u", n, limit);
   const uint32_t spb = c.config().shards_per_block;
-  std::unordered_map<ucm::Key, size_t, ucm::KeyHash> seen;
-  seen.reserve(n);
-  out->reserve(n);
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) (*out)[i].key = to_key(entries[i].key);
+  size_t later = n, earlier = 0;
+  first_repeat(*out, &later, &earlier);
   for (size_t i = 0; i < n; ++i) {
-    const ucm::Key k = to_key(entries[i].key);
-    ucm::TaskEntry e;
-    if (!take(entries[i], &e)) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
+    const ucm::Key& k = (*out)[i].key;
+    if (!take(entries[i], &(*out)[i])) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
     if (entries[i].key.reserved != 0)
       return fail(Result::kInvalidArg, "entry %zu: key.reserved %u != 0", i, entries[i].key.reserved);
     if (k.shard >= spb) return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", k.shard, spb, i);
-    auto [it, fresh] = seen.emplace(k, i);
-    if (!fresh)
+    if (i == later)
       return fail(Result::kDuplicateKey, "entry %zu repeats the key of entry %zu (block %016" PRIx64 "%016" PRIx64
-                  " shard %u)", i, it->second, k.block.hi, k.block.lo, k.shard);
-    e.key = k;
-    out->push_back(e);
+                  " shard %u)", i, earlier, k.block.hi, k.block.lo, k.shard);
   }
   return Result::kOk;
 }

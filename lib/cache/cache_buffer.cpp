@@ -178,6 +178,24 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   return Result::kOk;
 }
 
+bool CacheBuffer::pin_if_ready(const Key& k, uint32_t* slot) {
+  const BufferCtrl& c = *ctrl_;
+  if (!data_ || k.shard >= c.shards_per_block()) return false;
+  WalkEnd end;
+  const uint32_t i = chain_find_unlocked(c, bucket_of(k, c.bucket_mask()), k, &end);
+  if (i == kNoSlot || pin_slot(c, opts_.rank, i) != PinResult::kPinned) return false;
+  // Pinned: re-checked as attach_found() does (re-keyed, or not Ready yet).
+  if (!slot_has_key(c, i, k) || word_state(c.slot(i).word.load(std::memory_order_acquire)) != State::kReady) {
+    unpin_slot(c, opts_.rank, i);
+    return false;
+  }
+  mark_accessed(c, i);
+  if (protect_) guard_take(c, opts_.rank, i);
+  tally(1);
+  *slot = i;
+  return true;
+}
+
 Result CacheBuffer::check_joined() const {
   // Lock words and pins name a rank; a process that uses a rank it has not
   // joined would look dead to everyone else and have its locks stolen.

@@ -91,6 +91,14 @@ class CacheBuffer {
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
 
   [[nodiscard]] Result get(const Key& k, GetResult* out);
+  // A hit or nothing (the load queue's inline path, queue/load_queue.h): when
+  // k is resident and Ready, pins it, marks it accessed and taken
+  // (ctrl/protect.h) as get()'s hit does, and returns true with its slot (one
+  // reference: release() it). The caller counts the hit (RankCounters.hits)
+  // once it uses it. Anything else (absent, being filled, Failed, Corrupt,
+  // claimed by an evictor, a corrupt chain, a scheduler rank): false, with
+  // nothing held, installed or taken over.
+  bool pin_if_ready(const Key& k, uint32_t* slot);
   // Ready, with bytes that came from the store (a load).
   [[nodiscard]] Result mark_ready(uint32_t slot);
   // Ready, with bytes the caller wrote and is about to write through: the

@@ -35,8 +35,13 @@ struct QueueCounters {
   // exact maximum.
   std::atomic<uint64_t> latency_max_us;
   std::atomic<uint64_t> latency_us[kLatencyBuckets];
+  std::atomic<uint64_t> inline_tasks;       // load tasks copied and completed on the submitting thread
+  // Their hits: counted here, not in RankCounters.hits, which the cache bumps
+  // with a plain store on the dispatcher's get() (one writer); several
+  // submitting threads add here. ucm_cache_stats reports the sum as hits.
+  std::atomic<uint64_t> inline_hits;
 };
-static_assert(sizeof(QueueCounters) == 8 * (12 + kLatencyBuckets));
+static_assert(sizeof(QueueCounters) == 8 * (14 + kLatencyBuckets));
 static_assert(sizeof(QueueCounters) <= sizeof(RankRecord::queue_area), "the queue's counters outgrew their part of the rank record");
 static_assert(alignof(QueueCounters) <= 8);
 

@@ -1,9 +1,9 @@
 #include "queue/load_queue.h"
 
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <unordered_set>
 
@@ -66,7 +66,8 @@ LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, c
       engine_(engine),
       placement_(placement),
       opts_(opts),
-      ctr_(&queue_counters(cache->ctrl().rank(opts.local_rank))) {}
+      ctr_(&queue_counters(cache->ctrl().rank(opts.local_rank))),
+      inline_(opts.inline_hits && engine != nullptr && std::strcmp(engine->name(), "host") == 0) {}
 
 LoadQueue::~LoadQueue() { stop(); }
 
@@ -105,13 +106,50 @@ uint64_t LoadQueue::io_in_flight() const {
 
 Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
   t->set_on_done([this](const Task& done) { record_done(done); });
+  if (inline_ && t->kind() == TaskKind::kLoad && !stop_flag_.load(std::memory_order_acquire) && run_inline(*t))
+    return Result::kOk;
   std::lock_guard<std::mutex> g(mu_);
   if (stopping_) return fail(Result::kFinalized, "the cache is being finalized");
   if (pending_.size() >= opts_.pending_limit)
     return fail(Result::kBusy, "%zu tasks already wait for this rank's dispatcher (the limit)", pending_.size());
   pending_.push_back(t);
+  queued_tasks_.fetch_add(1, std::memory_order_relaxed);
   pending_cv_.notify_one();
   return Result::kOk;
+}
+
+bool LoadQueue::run_inline(Task& t) {
+  const std::vector<TaskEntry>& es = t.entries();
+  const size_t n = es.size();
+  // The slots, on the stack for small tasks (one allocation otherwise).
+  constexpr size_t kOnStack = 64;
+  uint32_t on_stack[kOnStack];
+  std::vector<uint32_t> on_heap;
+  uint32_t* slots = on_stack;
+  if (n > kOnStack) {
+    on_heap.resize(n);
+    slots = on_heap.data();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (cache_->pin_if_ready(es[i].key, &slots[i])) continue;
+    // Not a hit: the whole task goes to the dispatcher, which gets every key
+    // again (and counts its hits then).
+    for (size_t j = 0; j < i; ++j) cache_->release(slots[j]);
+    return false;
+  }
+  add(ctr_->tasks, 1);
+  add(ctr_->shards, n);
+  add(ctr_->inline_hits, n);  // not RankCounters.hits: see counters.h
+  const uint64_t bytes = cache_->ctrl().slot_bytes();
+  {
+    UCM_TRACE(TraceRange::kCopy);
+    for (size_t i = 0; i < n; ++i) std::memcpy(es[i].dst, cache_->data_at(slots[i]), bytes);
+  }
+  for (size_t i = 0; i < n; ++i) cache_->release(slots[i]);
+  add(ctr_->bytes_to_device, bytes * n);
+  add(ctr_->inline_tasks, 1);
+  t.entries_ok(static_cast<uint32_t>(n));  // records the latency (record_done), then marks it done
+  return true;
 }
 
 void LoadQueue::record_done(const Task& t) {

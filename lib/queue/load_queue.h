@@ -4,6 +4,19 @@
 //
 // With order=natural (the legacy control group) it instead finishes each
 // entry before the next, as the old code did.
+//
+// The inline path (QueueOptions::inline_hits, over the host engine only): a
+// load task whose every entry is Ready in the cache when submit() looks never
+// reaches the dispatcher. The submitting thread pins each entry's slot
+// (CacheBuffer::pin_if_ready: a hit, accessed and taken for the eviction
+// protection exactly as the dispatcher's get() would), copies them with
+// memcpy, releases the pins, counts the task, its shards, hits, bytes and
+// latency, and finishes the task before submit() returns. One entry that is
+// not a hit (absent, being filled, Failed, Corrupt, claimed by an evictor)
+// and every pin taken so far is dropped and the whole task goes the queue's
+// way (docs/design.md, "The inline path", says why the whole task). The
+// queue's threads are not involved, so stop() does not wait for it; the
+// caller (the C API) holds its reference on the cache for the whole call.
 // The dispatcher visits a task's entries in RearrangeIndex order: its own
 // stride at once, a peer's stride once some rank serves it or after
 // owner_grace (so that a rank that arrives first does not own the whole
@@ -87,6 +100,10 @@ struct QueueOptions {
   // How long a peer's share of a task waits for that peer (or anyone) to load
   // it before this rank does; 0: never wait (the first rank to arrive owns all).
   uint64_t owner_grace_ns = 1'000'000;
+  // All-hit load tasks are copied by the submitting thread (above). Taken
+  // only when the engine is the host engine (memcpy): never for CUDA, whose
+  // async copies and their completion stay with the copier.
+  bool inline_hits = false;
 };
 
 class LoadQueue {
@@ -110,6 +127,10 @@ class LoadQueue {
   uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
   // Hand-offs of dispatched entries to the copier (each one lock and one wake).
   uint64_t handoffs() const { return handoffs_.load(std::memory_order_relaxed); }
+  // Tasks that went to the dispatcher (not the inline path).
+  uint64_t queued_tasks() const { return queued_tasks_.load(std::memory_order_relaxed); }
+  // Whether all-hit load tasks take the inline path (inline_hits and the host engine).
+  bool inline_enabled() const { return inline_; }
   // Peer deferral (owner grace): how the dispatcher waited for its peers' shares.
   struct DeferStats {
     uint64_t sleeps = 0;   // futex waits on the node's defer bell
@@ -139,6 +160,8 @@ class LoadQueue {
   };
   struct Io;
 
+  // The inline path: true when t was copied and finished here.
+  bool run_inline(Task& t);
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);
@@ -210,6 +233,8 @@ class LoadQueue {
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
   std::atomic<uint64_t> handoffs_{0};
+  std::atomic<uint64_t> queued_tasks_{0};
+  bool inline_ = false;  // const after construction
   std::atomic<uint64_t> defer_sleeps_{0}, defer_wakes_{0}, defer_cpu_ns_{0}, defer_wall_ns_{0};
   // The store's words for each slot whose load this rank found corrupt.
   struct CorruptNote {

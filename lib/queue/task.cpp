@@ -33,15 +33,17 @@ void Task::entry_failed(uint32_t index, Result r, const std::string& why) {
     ++failed_;
   }
   if (on_failed_) on_failed_(index, r, why);
-  finish_one();
+  finish(1);
 }
 
-void Task::finish_one() {
-  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+void Task::finish(uint32_t n) {
+  if (remaining_.fetch_sub(n, std::memory_order_acq_rel) != n) return;
   done_ns_.store(now_ns(), std::memory_order_release);
   if (on_done_) on_done_(*this);
-  done_word_.fetch_or(kDoneBit, std::memory_order_release);
-  futex_wake(&done_word_, kWakeAll);
+  // acq_rel: a waiter's kWaitersBit (set by its RMW) is seen here, or its
+  // RMW comes after this one and reads kDoneBit.
+  const uint32_t before = done_word_.fetch_or(kDoneBit, std::memory_order_acq_rel);
+  if (before & kWaitersBit) futex_wake(&done_word_, kWakeAll);
 }
 
 void Task::abandon() {
@@ -51,10 +53,15 @@ void Task::abandon() {
 
 bool Task::wait_until(uint64_t deadline_ns) const {
   for (;;) {
-    const uint32_t w = done_word_.load(std::memory_order_acquire);
+    uint32_t w = done_word_.load(std::memory_order_acquire);
     if (w & kDoneBit) return true;
     if (w & kAbandonedBit) return false;
     if (now_ns() >= deadline_ns) return false;
+    // Announce the sleep (task.h): the finisher wakes only announced waiters.
+    if (!(w & kWaitersBit)) {
+      w = done_word_.fetch_or(kWaitersBit, std::memory_order_acq_rel) | kWaitersBit;
+      if (w & (kDoneBit | kAbandonedBit)) continue;
+    }
     // On exactly the value read: a bit set since then makes this return at once.
     (void)futex_wait(&done_word_, w, deadline_ns);
   }

@@ -8,9 +8,18 @@
 // it will not run to their end: that sets another bit of the same word and
 // wakes the waiters too, who then return without the task being done.
 //
-// done_word, bit by bit (each set once, never cleared; futex_wake after each):
-//   kDoneBit       the last finish_one()   (release; pairs with wait_until's acquire)
+// done_word, bit by bit (each set once, never cleared):
+//   kDoneBit       the last finish()       (release; pairs with wait_until's acquire)
 //   kAbandonedBit  abandon(), at finalize  (release; pairs with wait_until's acquire)
+//   kWaitersBit    a waiter, before it sleeps on the word
+// The last finish() wakes only when kWaitersBit was set before its fetch_or
+// (a waiter that sets it later reads kDoneBit in the same RMW and does not
+// sleep): a task nobody waits on yet (the inline path, or an app that waits
+// later) costs no futex syscall. abandon() always wakes.
+//
+// A load task whose every entry is a hit may be copied and finished by the
+// submitting thread itself (LoadQueue's inline path): it is then done before
+// it is handed out.
 #pragma once
 
 #include <atomic>
@@ -43,7 +52,11 @@ class Task {
   uint64_t submit_ns() const { return submit_ns_; }
   uint64_t deadline_ns() const { return deadline_ns_; }
 
-  void entry_ok() { finish_one(); }
+  void entry_ok() { finish(1); }
+  // n entries at once (the inline path: every entry copied by the caller).
+  void entries_ok(uint32_t n) {
+    if (n != 0) finish(n);
+  }
   // Records why an entry failed; the task's result is the first failure's.
   void entry_failed(uint32_t index, Result r, const std::string& why);
 
@@ -65,10 +78,11 @@ class Task {
   void set_on_failed(std::function<void(uint32_t, Result, const std::string&)> f) { on_failed_ = std::move(f); }
 
  private:
-  void finish_one();
+  void finish(uint32_t n);
 
   static constexpr uint32_t kDoneBit = 1;
   static constexpr uint32_t kAbandonedBit = 2;
+  static constexpr uint32_t kWaitersBit = 4;
 
   const uint64_t id_;
   const TaskKind kind_;

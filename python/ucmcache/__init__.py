@@ -105,6 +105,7 @@ class Stats:
     latency_p99_us: int
     latency_max_us: int
     direct_fallbacks: int
+    inline_tasks: int
 
 
 @dataclasses.dataclass(frozen=True)

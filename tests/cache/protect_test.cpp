@@ -4,12 +4,16 @@
 // nothing; a grace of 0 is no protection at all.
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "backend/sim_backend.h"
 #include "common/test_util.h"
 #include "ctrl/protect.h"
+#include "device/host_engine.h"
+#include "queue/load_queue.h"
 
 namespace ucm::test {
 namespace {
@@ -73,6 +77,52 @@ TEST_F(Protect, ALoadedShardStaysUntilEveryCopierHasTakenIt) {
   EXPECT_EQ(tc_.ctrl.guard(o.slot).load(), 0u) << "a new residency starts unarmed";
   ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
   r0_->release(o.slot);
+  for (uint64_t b : {10, 12, 13}) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b)) << "key " << b << " was kept for rank 1";
+}
+
+// Rank 1 copies key 11 through its queue's inline path (an all-hit task,
+// copied on the submitting thread): it records that it took the slot exactly
+// as its copier would, so that slot, and only it, may go.
+TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  SimOptions so;
+  so.latency_us = 0;
+  BackendContext ctx;
+  ctx.shard_bytes = 256;
+  ctx.shards_per_block = 4;
+  std::unique_ptr<SimBackend> store;
+  ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
+  std::unique_ptr<CopyEngine> engine = make_host_engine(0);
+  QueueOptions q;
+  q.local_rank = 1;
+  q.local_size = 2;
+  q.prealloc = false;
+  q.inline_hits = true;
+  LoadQueue queue(r1_.get(), store.get(), engine.get(), Placement{}, q);
+  ASSERT_EQ(queue.start(), Result::kOk) << last_error();
+  std::vector<uint8_t> dst(256, 0xee);
+  std::memset(tc_.data.at(slots[1]), 0x11, 256);
+  std::vector<TaskEntry> es(1);
+  es[0].key = key(11, 0);
+  es[0].dst = dst.data();
+  auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+  ASSERT_EQ(queue.submit(t), Result::kOk) << last_error();
+  EXPECT_TRUE(t->done()) << "an all-hit task is done when submit returns";
+  EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  EXPECT_EQ(queue.queued_tasks(), 0u);
+  EXPECT_EQ(tc_.ctrl.rank(1).counters.inline_tasks.load(), 1u);
+  EXPECT_EQ(dst[0], 0x11);
+  EXPECT_EQ(dst[255], 0x11);
+  EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u) << "rank 1 recorded its take";
+  for (uint32_t i : {0u, 2u, 3u}) EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[i]).load()), 1u);
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kOk) << last_error();
+  EXPECT_EQ(o.kind, GetKind::kOwner);
+  EXPECT_EQ(o.slot, slots[1]) << "the slot rank 1 took, and only it, may go";
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  queue.stop();
   for (uint64_t b : {10, 12, 13}) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b)) << "key " << b << " was kept for rank 1";
 }
 

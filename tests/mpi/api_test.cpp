@@ -160,6 +160,54 @@ TEST_F(Api, CallsOnOtherThreadsDuringFinalizeAreSafeAndBlockedWaitsReturnFinaliz
   EXPECT_EQ(ucm_task_test(h, hung_task[0], &done), UCM_ERR_FINALIZED);
 }
 
+// Finalize racing tasks that the calling threads copy themselves (the inline
+// path: every entry a hit). Each thread loops over warm tasks and checks its
+// bytes; finalize ends every loop with UCM_ERR_FINALIZED, never a crash or a
+// hang, and (under TSan) without a race between a thread's copy and the
+// teardown: the call's reference on the cache keeps it alive until the copy
+// is done.
+TEST_F(Api, FinalizeRacingTasksCopiedOnTheCallingThreadsIsSafe) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  cfg.prealloc = 0;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  const ucm_cache_t h = cache;
+  LoadBatch cold;
+  for (uint64_t k = 0; k < 16; ++k) cold.add(ukey(2000 + k / 8, static_cast<uint32_t>(k % 8)));
+  ASSERT_EQ(load_and_wait(h, cold), UCM_OK) << msg(h);
+  MPI_Barrier(MPI_COMM_WORLD);  // every key Ready on every rank
+  std::atomic<uint64_t> wrong{0};
+  Hammer hammers[3];
+  for (int i = 0; i < 3; ++i) {
+    hammers[i].start([&, i, round = uint64_t{0}]() mutable {
+      LoadBatch b;
+      for (uint64_t k = 0; k < 4; ++k) {
+        const uint64_t j = (round * 4 + k + static_cast<uint64_t>(i)) % 16;
+        b.add(ukey(2000 + j / 8, static_cast<uint32_t>(j % 8)));
+      }
+      ++round;
+      const ucm_result_t r = load_and_wait(h, b, -1);
+      if (r == UCM_OK)
+        for (size_t e = 0; e < b.entries.size(); ++e)
+          if (b.verify(e) != kTaskShard) wrong.fetch_add(1);
+      return r;
+    });
+  }
+  ASSERT_TRUE(eventually([&] {
+    for (Hammer& x : hammers)
+      if (x.calls.load() < 10 && x.last.load() == UCM_OK) return false;
+    return true;
+  }));
+  ucm_stats_t mine{};
+  mine.struct_bytes = sizeof(mine);
+  ASSERT_EQ(ucm_cache_stats(h, &mine, nullptr), UCM_OK) << msg(h);
+  EXPECT_GE(mine.inline_tasks, 30u) << "the warm tasks were copied on the calling threads";
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  for (Hammer& x : hammers) x.th.join();
+  for (Hammer& x : hammers) EXPECT_EQ(x.last.load(), UCM_ERR_FINALIZED) << "after " << x.calls.load() << " tasks";
+  EXPECT_EQ(wrong.load(), 0u) << "every task that said OK had its bytes";
+}
+
 // A call held in the kernel past finalize's bound: ucm_lookup opening a FIFO
 // that stands where the posix store keeps a block (open waits for a writer).
 // Finalize still meets the peers, returns UCM_ERR_TIMEOUT naming the call, and

@@ -359,6 +359,106 @@ void expect_usable(ucm_cache_t cache, uint64_t block) {
   EXPECT_EQ(b.verify(0), kTaskShard);
 }
 
+// The inline path (queue/load_queue.h): a task whose every entry is a hit is
+// copied by the calling thread, so it is done when ucm_load_task returns:
+// ucm_task_test says so at once, the bytes are right, and the rank counts it
+// in inline_tasks (with its hits and bytes). A task with one entry that is
+// not a hit takes the queue's way, whole, and completes byte-exact.
+TEST_F(Queue, AWarmTaskIsCopiedByTheCallingThreadAndDoneWhenItReturns) {
+  ucm_config_t cfg = task_config(256, "sim:latency_us=100");
+  cfg.prealloc = 0;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  // Each rank its own keys: a peer's load would make this rank's cold task a
+  // hit too (the inline path then takes it, rightly).
+  const uint64_t base = 9500 + 5 * static_cast<uint64_t>(world_rank());
+  LoadBatch cold;
+  for (uint64_t i = 0; i < 40; ++i) cold.add(ukey(base + i / 8, static_cast<uint32_t>(i % 8)));
+  ASSERT_EQ(load_and_wait(cache, cold), UCM_OK) << ucm_last_error(cache);
+    const ucm_stats_t before = rank_stats(cache);
+  EXPECT_EQ(before.inline_tasks, 0u) << "the cold task missed";
+  for (uint32_t n : {1u, 40u}) {
+    LoadBatch warm;
+    for (uint64_t i = 0; i < n; ++i) warm.add(ukey(base + i / 8, static_cast<uint32_t>(i % 8)));
+    ucm_task_t t = 0;
+    ASSERT_EQ(ucm_load_task(cache, warm.entries.data(), warm.entries.size(), &t), UCM_OK) << ucm_last_error(cache);
+    for (size_t i = 0; i < warm.entries.size(); ++i) EXPECT_EQ(warm.verify(i), kTaskShard) << "entry " << i;
+    int done = 0;
+    EXPECT_EQ(ucm_task_test(cache, t, &done), UCM_OK) << ucm_last_error(cache);
+    EXPECT_EQ(done, 1) << n << " hits: done when ucm_load_task returned";
+  }
+  const ucm_stats_t after = rank_stats(cache);
+  EXPECT_EQ(after.inline_tasks, 2u);
+  EXPECT_EQ(after.tasks, before.tasks + 2);
+  EXPECT_EQ(after.hits, before.hits + 41);
+  EXPECT_EQ(after.bytes_to_device, before.bytes_to_device + 41 * kTaskShard);
+  // One entry not in the cache: the whole task is queued, and completes.
+  LoadBatch mixed;
+  for (uint64_t i = 0; i < 8; ++i) mixed.add(ukey(base, static_cast<uint32_t>(i)));
+  mixed.entries[5].key = ukey(9600 + static_cast<uint64_t>(world_rank()), 5);  // each rank its own miss
+  ASSERT_EQ(load_and_wait(cache, mixed), UCM_OK) << ucm_last_error(cache);
+  for (size_t i = 0; i < mixed.entries.size(); ++i) EXPECT_EQ(mixed.verify(i), kTaskShard) << "entry " << i;
+  const ucm_stats_t last = rank_stats(cache);
+  EXPECT_EQ(last.inline_tasks, 2u);
+  EXPECT_EQ(last.hits, after.hits + 7) << "the hits are counted once, by the queue";
+  EXPECT_EQ(last.owner_loads, after.owner_loads + 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// Duplicate keys are found without a map (api/task_api.cpp): also past the
+// 64 entries kept on the stack, and the first bad entry in entry order is
+// the error, whatever its kind.
+TEST_F(Queue, ARepeatedKeyNamesTheFirstRepeatAndTheEntryItRepeats) {
+  ucm_config_t cfg = task_config(256, "sim:latency_us=100");
+  cfg.max_task_entries = 200;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ucm_task_t t = 777;
+  auto batch = [](uint64_t n) {
+    LoadBatch b;
+    for (uint64_t i = 0; i < n; ++i) b.add(ukey(9700 + i / 8, static_cast<uint32_t>(i % 8)));
+    return b;
+  };
+  {
+    // 150 entries: 120 and 99 both repeat entry 40; 99 comes first.
+    LoadBatch b = batch(150);
+    b.entries[120].key = b.entries[40].key;
+    b.entries[99].key = b.entries[40].key;
+    EXPECT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_ERR_DUPLICATE_KEY);
+    const std::string want = "entry 99 repeats the key of entry 40 (block " +
+                             key_hex(b.entries[40].key).substr(0, 32) + " shard 0)";
+    EXPECT_TRUE(mentions(ucm_last_error(cache), want)) << ucm_last_error(cache) << " (want: " << want << ")";
+  }
+  {
+    // Every entry the same key: entry 1 repeats entry 0.
+    LoadBatch b = batch(100);
+    for (auto& e : b.entries) e.key = b.entries[0].key;
+    EXPECT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_ERR_DUPLICATE_KEY);
+    EXPECT_TRUE(mentions(ucm_last_error(cache), "entry 1 repeats the key of entry 0")) << ucm_last_error(cache);
+  }
+  {
+    // A NULL dst in entry 2 comes before entry 3's repeat of entry 1 ...
+    LoadBatch b = batch(6);
+    b.entries[3].key = b.entries[1].key;
+    b.entries[2].dst = nullptr;
+    EXPECT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_ERR_NULL_POINTER);
+    EXPECT_TRUE(mentions(ucm_last_error(cache), "entry 2: dst is NULL")) << ucm_last_error(cache);
+    // ... and after it in entry 4.
+    b.entries[2].dst = b.dst[2].data();
+    b.entries[4].dst = nullptr;
+    EXPECT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_ERR_DUPLICATE_KEY);
+    EXPECT_TRUE(mentions(ucm_last_error(cache), "entry 3 repeats the key of entry 1")) << ucm_last_error(cache);
+    // The same shard of another block is another key.
+    b.entries[4].dst = b.dst[4].data();
+    b.entries[3].key = ukey(9800, b.entries[1].key.shard);
+    EXPECT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
+  }
+  EXPECT_EQ(rank_stats(cache).tasks, 1u) << "only the good task was submitted";
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
 TEST_F(Queue, BadInputIsItsOwnResultWithAMessageAndChangesNothing) {
   // The last rank is a scheduler (control plane only).
   const bool scheduler = world_rank() == world_size() - 1;

@@ -1,0 +1,176 @@
+// The inline path (queue/load_queue.h): a load task whose every entry is a
+// hit is copied and finished by the thread that submits it, over the host
+// engine: done when submit() returns, without the dispatcher (no hand-off,
+// not queued), with the same stats and byte-exact destinations. A task with
+// one entry that is not a hit goes the queue's way whole, its hits counted
+// once. Another engine, or inline_hits off, never takes it.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/sim_backend.h"
+#include "backend/sim_content.h"
+#include "common/test_util.h"
+#include "ctrl/recovery.h"
+#include "device/host_engine.h"
+#include "queue/load_queue.h"
+
+namespace ucm {
+namespace {
+
+constexpr uint64_t kShard = 4096;
+constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
+
+uint64_t latency_count(const RankCounters& c) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < kLatencyBuckets; ++i) n += c.latency_us[i].load();
+  return n;
+}
+
+struct Rank {
+  test::TestCache planes;
+  std::unique_ptr<CacheBuffer> cache;
+  std::unique_ptr<SimBackend> store;
+  std::unique_ptr<CopyEngine> engine;
+  std::unique_ptr<LoadQueue> queue;
+
+  void open(bool inline_hits, std::unique_ptr<CopyEngine> eng = make_host_engine(0)) {
+    test::make_cache(test::params(128, 0, kShard, 1, 1), &planes);
+    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(kWaitMs)), Result::kOk) << last_error();
+    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, CacheOptions{});
+    SimOptions so;
+    so.latency_us = 0;
+    BackendContext ctx;
+    ctx.shard_bytes = kShard;
+    ctx.shards_per_block = 1;
+    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
+    engine = std::move(eng);
+    QueueOptions qo;
+    qo.prealloc = false;
+    qo.inline_hits = inline_hits;
+    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
+    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+  }
+  ~Rank() {
+    if (queue) queue->stop();
+    store.reset();
+    queue.reset();
+    cache.reset();
+  }
+  const RankCounters& ctr() const { return planes.ctrl.rank(0).counters; }
+};
+
+// A task over blocks [first, first + n) with its own destinations.
+struct Job {
+  std::vector<std::vector<uint8_t>> dst;
+  std::shared_ptr<Task> task;
+  uint64_t first = 0;
+
+  Job(uint64_t first_block, uint32_t n) : dst(n, std::vector<uint8_t>(kShard, 0xee)), first(first_block) {
+    std::vector<TaskEntry> es(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      es[i].key = test::key(first + i, 0);
+      es[i].dst = dst[i].data();
+    }
+    task = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(kWaitMs));
+  }
+  bool exact() const {
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (sim_verify(test::key(first + i, 0), dst[i].data(), kShard) != kShard) return false;
+    return true;
+  }
+  void finish() const {
+    ASSERT_TRUE(task->wait_until(deadline_after_ms(kWaitMs)));
+    ASSERT_EQ(task->result(), Result::kOk) << task->error();
+  }
+};
+
+TEST(Inline, AnAllHitTaskIsDoneWhenSubmitReturnsWithoutTheDispatcher) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  ASSERT_TRUE(r.queue->inline_enabled());
+  Job cold(100, 64);
+  ASSERT_EQ(r.queue->submit(cold.task), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(cold.finish());  // misses: the queue's way
+  EXPECT_EQ(r.queue->queued_tasks(), 1u);
+  EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
+
+  for (uint32_t n : {1u, 64u}) {
+    const uint64_t handoffs = r.queue->handoffs(), queued = r.queue->queued_tasks();
+    const uint64_t tasks = r.ctr().tasks.load(), shards = r.ctr().shards.load(), hits = r.ctr().hits.load();
+    const uint64_t bytes = r.ctr().bytes_to_device.load(), lat = latency_count(r.ctr());
+    const uint64_t inlined = r.ctr().inline_tasks.load();
+    Job warm(100, n);
+    ASSERT_EQ(r.queue->submit(warm.task), Result::kOk) << last_error();
+    EXPECT_TRUE(warm.task->done()) << n << " hits: done when submit returns";
+    EXPECT_EQ(warm.task->result(), Result::kOk) << warm.task->error();
+    EXPECT_TRUE(warm.exact());
+    EXPECT_EQ(r.queue->handoffs(), handoffs) << "nothing was handed to the copier";
+    EXPECT_EQ(r.queue->queued_tasks(), queued) << "the dispatcher never saw it";
+    EXPECT_EQ(r.ctr().inline_tasks.load(), inlined + 1);
+    EXPECT_EQ(r.ctr().tasks.load(), tasks + 1);
+    EXPECT_EQ(r.ctr().shards.load(), shards + n);
+    EXPECT_EQ(r.ctr().hits.load(), hits + n);
+    EXPECT_EQ(r.ctr().bytes_to_device.load(), bytes + n * kShard);
+    EXPECT_EQ(latency_count(r.ctr()), lat + 1) << "its latency is in the histogram";
+    EXPECT_EQ(r.cache->references_held(), 0) << "every pin it took is released";
+    EXPECT_TRUE(warm.task->wait_until(deadline_after_ms(0))) << "a wait returns at once";
+  }
+}
+
+TEST(Inline, APartialHitTaskGoesTheQueuesWayWholeAndCountsItsHitsOnce) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  Job cold(200, 63);
+  ASSERT_EQ(r.queue->submit(cold.task), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(cold.finish());
+  const uint64_t queued = r.queue->queued_tasks(), hits = r.ctr().hits.load();
+  const uint64_t loads = r.ctr().backend_loads.load(), bytes = r.ctr().bytes_to_device.load();
+  Job mixed(200, 64);  // blocks 200..262 are hits, 263 is not
+  ASSERT_EQ(r.queue->submit(mixed.task), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(mixed.finish());
+  EXPECT_TRUE(mixed.exact());
+  EXPECT_EQ(r.queue->queued_tasks(), queued + 1);
+  EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
+  EXPECT_EQ(r.ctr().hits.load(), hits + 63) << "the look at the hits before the miss is not counted";
+  EXPECT_EQ(r.ctr().backend_loads.load(), loads + 1);
+  EXPECT_EQ(r.ctr().bytes_to_device.load(), bytes + 64 * kShard);
+  r.queue->stop();  // the copier's pins are dropped by now; so are the look's
+  EXPECT_EQ(r.cache->references_held(), 0);
+}
+
+TEST(Inline, OffWithoutInlineHitsOrOverAnotherEngine) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Rank r;
+    if (variant == 0) {
+      ASSERT_NO_FATAL_FAILURE(r.open(false));
+    } else {
+      ASSERT_NO_FATAL_FAILURE(r.open(true, make_async_test_engine(0, AsyncTestOptions{})));
+    }
+    EXPECT_FALSE(r.queue->inline_enabled());
+    for (int round = 0; round < 2; ++round) {
+      Job j(300, 8);
+      ASSERT_EQ(r.queue->submit(j.task), Result::kOk) << last_error();
+      ASSERT_NO_FATAL_FAILURE(j.finish());
+      EXPECT_TRUE(j.exact());
+    }
+    EXPECT_EQ(r.queue->queued_tasks(), 2u) << "variant " << variant << ": the warm task was queued too";
+    EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
+  }
+}
+
+TEST(Inline, AStoppedQueueRefusesEvenAnAllHitTask) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  Job cold(400, 4);
+  ASSERT_EQ(r.queue->submit(cold.task), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(cold.finish());
+  r.queue->stop();
+  Job warm(400, 4);
+  EXPECT_EQ(r.queue->submit(warm.task), Result::kFinalized);
+  EXPECT_FALSE(warm.task->done());
+  for (const auto& d : warm.dst) EXPECT_EQ(d[0], 0xee) << "nothing is written after stop";
+}
+
+}  // namespace
+}  // namespace ucm
