@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "ctrl/protect.h"
 #include "device/host_engine.h"
+#include "queue/counters.h"
 #include "queue/load_queue.h"
 
 namespace ucm::test {
@@ -111,7 +112,7 @@ TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   EXPECT_TRUE(t->done()) << "an all-hit task is done when submit returns";
   EXPECT_EQ(t->result(), Result::kOk) << t->error();
   EXPECT_EQ(queue.queued_tasks(), 0u);
-  EXPECT_EQ(tc_.ctrl.rank(1).counters.inline_tasks.load(), 1u);
+  EXPECT_EQ(queue_counters(tc_.ctrl.rank(1)).inline_tasks.load(), 1u);
   EXPECT_EQ(dst[0], 0x11);
   EXPECT_EQ(dst[255], 0x11);
   EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u) << "rank 1 recorded its take";

@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "device/host_engine.h"
+#include "queue/counters.h"
 #include "queue/load_queue.h"
 
 namespace ucm {
@@ -21,7 +22,7 @@ namespace {
 constexpr uint64_t kShard = 4096;
 constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
 
-uint64_t latency_count(const RankCounters& c) {
+uint64_t latency_count(const QueueCounters& c) {
   uint64_t n = 0;
   for (uint32_t i = 0; i < kLatencyBuckets; ++i) n += c.latency_us[i].load();
   return n;
@@ -57,7 +58,9 @@ struct Rank {
     queue.reset();
     cache.reset();
   }
-  const RankCounters& ctr() const { return planes.ctrl.rank(0).counters; }
+  const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
+  // Every hit of this rank: the cache's get() (RankCounters) and the inline path's.
+  uint64_t hits() const { return planes.ctrl.rank(0).counters.hits.load() + ctr().inline_hits.load(); }
 };
 
 // A task over blocks [first, first + n) with its own destinations.
@@ -97,7 +100,7 @@ TEST(Inline, AnAllHitTaskIsDoneWhenSubmitReturnsWithoutTheDispatcher) {
 
   for (uint32_t n : {1u, 64u}) {
     const uint64_t handoffs = r.queue->handoffs(), queued = r.queue->queued_tasks();
-    const uint64_t tasks = r.ctr().tasks.load(), shards = r.ctr().shards.load(), hits = r.ctr().hits.load();
+    const uint64_t tasks = r.ctr().tasks.load(), shards = r.ctr().shards.load(), hits = r.hits();
     const uint64_t bytes = r.ctr().bytes_to_device.load(), lat = latency_count(r.ctr());
     const uint64_t inlined = r.ctr().inline_tasks.load();
     Job warm(100, n);
@@ -110,7 +113,7 @@ TEST(Inline, AnAllHitTaskIsDoneWhenSubmitReturnsWithoutTheDispatcher) {
     EXPECT_EQ(r.ctr().inline_tasks.load(), inlined + 1);
     EXPECT_EQ(r.ctr().tasks.load(), tasks + 1);
     EXPECT_EQ(r.ctr().shards.load(), shards + n);
-    EXPECT_EQ(r.ctr().hits.load(), hits + n);
+    EXPECT_EQ(r.hits(), hits + n);
     EXPECT_EQ(r.ctr().bytes_to_device.load(), bytes + n * kShard);
     EXPECT_EQ(latency_count(r.ctr()), lat + 1) << "its latency is in the histogram";
     EXPECT_EQ(r.cache->references_held(), 0) << "every pin it took is released";
@@ -124,7 +127,7 @@ TEST(Inline, APartialHitTaskGoesTheQueuesWayWholeAndCountsItsHitsOnce) {
   Job cold(200, 63);
   ASSERT_EQ(r.queue->submit(cold.task), Result::kOk) << last_error();
   ASSERT_NO_FATAL_FAILURE(cold.finish());
-  const uint64_t queued = r.queue->queued_tasks(), hits = r.ctr().hits.load();
+  const uint64_t queued = r.queue->queued_tasks(), hits = r.hits();
   const uint64_t loads = r.ctr().backend_loads.load(), bytes = r.ctr().bytes_to_device.load();
   Job mixed(200, 64);  // blocks 200..262 are hits, 263 is not
   ASSERT_EQ(r.queue->submit(mixed.task), Result::kOk) << last_error();
@@ -132,7 +135,7 @@ TEST(Inline, APartialHitTaskGoesTheQueuesWayWholeAndCountsItsHitsOnce) {
   EXPECT_TRUE(mixed.exact());
   EXPECT_EQ(r.queue->queued_tasks(), queued + 1);
   EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
-  EXPECT_EQ(r.ctr().hits.load(), hits + 63) << "the look at the hits before the miss is not counted";
+  EXPECT_EQ(r.hits(), hits + 63) << "the look at the hits before the miss is not counted";
   EXPECT_EQ(r.ctr().backend_loads.load(), loads + 1);
   EXPECT_EQ(r.ctr().bytes_to_device.load(), bytes + 64 * kShard);
   r.queue->stop();  // the copier's pins are dropped by now; so are the look's
