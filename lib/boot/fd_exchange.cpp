@@ -215,6 +215,9 @@ void receive_grant(int s, ReceivedFds* fds, Grant* g) {
   do g->n = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
   while (g->n < 0 && errno == EINTR);
   g->error = g->n < 0 ? errno : 0;
+  // A failed recvmsg writes nothing back: msg_controllen is still cbuf's
+  // size and cbuf was never written, so there are no fds to walk.
+  if (g->n < 0) return;
   g->flags = m.msg_flags;
   for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
