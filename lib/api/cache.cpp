@@ -72,15 +72,40 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   const uint64_t init_start = now_ns();
   const std::string arg_message = ok(arg_error) ? std::string() : last_error();
   config_ = config;
-  const Result setup = node_setup(comm, config.ranks_per_node <= kMaxRanks ? config.ranks_per_node : 0, &node_);
+  UCM_CHECK(split_node(comm));
+  UCM_CHECK(check_config_on_node(arg_error, arg_message));
+  CtrlParams cp;
+  DataParams dp;
+  UCM_CHECK(choose_engine_and_layout(&cp, &dp));
+
+  // 4-5. The planes.
+  UCM_CHECK(create_or_fetch_planes(cp, dp));
+
+  // 6. Join, register, place, open the backend; threads that cannot be
+  // created (a pids limit) are this rank's status like any other failure.
+  const Result r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
+  UCM_CHECK(collective_status(node_.comm, r));
+  // 7. Fan-out's node communicator (collective: every rank calls it).
+  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
+  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
+  init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
+  log_device_and_placement();
+  return Result::kOk;
+}
+
+// 1. The node communicators and the node's pids (boot/node.h).
+Result Cache::split_node(MPI_Comm comm) {
+  const Result setup = node_setup(comm, config_.ranks_per_node <= kMaxRanks ? config_.ranks_per_node : 0, &node_);
   if (node_.comm == MPI_COMM_NULL) return setup;  // MPI itself failed: nothing collective is possible
   log_set_rank(node_.local_rank);
   // One node's failure (too many ranks) is every node's.
-  UCM_CHECK(collective_status(node_.comm, setup));
+  return collective_status(node_.comm, setup);
+}
 
-  // 2. The caller's arguments and the config, alone and then against the
-  // node's. From here on an exception between two collective steps is this
-  // rank's status in the next one (guarded), never a skipped collective.
+// 2. The caller's arguments and the config, alone and then against the node's.
+Result Cache::check_config_on_node(Result arg_error, const std::string& arg_message) {
+  // From here on an exception between two collective steps is this rank's
+  // status in the next one (guarded), never a skipped collective.
   const Result mine = ok(arg_error) ? guarded("ucm_cache_init", [&] { return check_config(config_); })
                                     : fail(arg_error, "%s", arg_message.c_str());
   UCM_CHECK(collective_status(node_.comm, mine));
@@ -92,8 +117,11 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
       UCM_INFO(kBoot, "node split: %s", describe_node_split(node_, config_.ranks_per_node).c_str());
     UCM_INFO(kApi, "effective configuration: %s", describe_config(config_).c_str());
   }
+  return Result::kOk;
+}
 
-  // 3. The device and what it needs of the layout.
+// 3. The device and what it needs of the layout.
+Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
   device_status_ = device_status();
   EngineChoice choice;
   choice.kind = static_cast<EngineKind>(config_.copy_engine);
@@ -101,10 +129,8 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   choice.device_id = config_.device_id;
   choice.local_rank = node_.local_rank;
   if (const char* d = std::getenv("UCM_ASYNC_TEST_DELAY_US")) choice.async.delay_us = std::strtoull(d, nullptr, 10);
-  CtrlParams cp;
-  DataParams dp;
   EngineTaken taken;
-  Result r = guarded("ucm_cache_init", [&] {
+  const Result r = guarded("ucm_cache_init", [&] {
     Result e = make_copy_engine(choice, &engine_, &taken);
     device_id_ = ok(e) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
     device_choice_ = taken.why;
@@ -113,28 +139,18 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
       return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
                   ", the alignment the %s copy engine of device %d needs",
                   config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
-    return layout_from_config(config_, static_cast<uint32_t>(node_.local_size), &cp, &dp);
+    return layout_from_config(config_, static_cast<uint32_t>(node_.local_size), cp, dp);
   });
-  UCM_CHECK(collective_status(node_.comm, r));
+  return collective_status(node_.comm, r);
+}
 
-  // 4-5. The planes.
-  UCM_CHECK(create_or_fetch_planes(cp, dp));
-
-  // 6. Join, register, place, open the backend; threads that cannot be
-  // created (a pids limit) are this rank's status like any other failure.
-  r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
-  UCM_CHECK(collective_status(node_.comm, r));
-  // 7. Fan-out's node communicator (collective: every rank calls it).
-  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
-  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
-  init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
+void Cache::log_device_and_placement() const {
   UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s; "
            "init %.3f s (data plane populated in %.3f s on %u thread(s)), data plane NUMA %s",
            node_.local_rank, node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, node_.rank,
            node_.size, device_id_, engine_ ? (std::string(engine_->name()) + " engine").c_str() : "scheduler",
            device_choice_.c_str(), placement_.summary.c_str(), init_seconds_, data_.populate_seconds(),
            data_.populate_threads(), data_.valid() ? data_.numa_note().c_str() : "(no data plane: scheduler)");
-  return Result::kOk;
 }
 
 Result Cache::open_rank() {
@@ -197,34 +213,15 @@ Result Cache::open_rank() {
 
 Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& layout) {
   const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
-  // The data plane's NUMA placement (numa.h) follows the GPUs of every rank
-  // of the node, not local rank 0's view alone: each rank's visible GPUs'
-  // nodes, ORed over the node.
   DataParams dp = layout;
-  {
-    uint32_t gpus = 0;
-    std::string note;
-    const uint64_t mine = scheduler() ? 0 : gpu_numa_nodes("/sys", &gpus, &note);
-    uint64_t all = 0;
-    if (MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_BOR, node_.node) != MPI_SUCCESS)
-      return fail(Result::kSystem, "reducing the GPUs' NUMA nodes over the node failed");
-    dp.numa = choose_numa_policy(all, memory_numa_nodes("/sys"));
-    if (node_.local_rank == 0) UCM_INFO(kData, "NUMA: this rank sees %s; data plane policy %s (%s)", note.c_str(),
-                                        describe_numa(dp.numa.mode, dp.numa.nodes).c_str(), dp.numa.why.c_str());
-  }
+  UCM_CHECK(choose_data_numa(&dp));
   uint64_t nonce = 0;
   FdServer server;
   // Every rank sizes the store's node state from the spec all ranks agreed on.
   uint64_t store_bytes = 0;
   Result r = backend_node_state_bytes(config_.backend, &store_bytes);
   if (node_.local_rank == 0) {
-    // hugepages=off keeps the control region on ordinary pages too.
-    if (ok(r))
-      r = BufferCtrl::create(cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
-    // Before any peer attaches: the node's protection (ctrl/protect.h), agreed at init.
-    if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect && config_.fanout == UCM_FANOUT_OFF ? config_.protect_grace_ms : 0);
-    if (ok(r)) r = BufferData::create(dp, &data_);
-    if (ok(r) && store_bytes > 0) r = NodeState::create(store_bytes, &store_state_);
+    if (ok(r)) r = create_planes(cp, dp, store_bytes);
     nonce = random_nonce();
     if (ok(r)) r = server.listen_on(nonce);
   }
@@ -232,37 +229,68 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
   UCM_CHECK(collective_status(node_.comm, r));
   if (MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, node_.node) != MPI_SUCCESS)
     return fail(Result::kSystem, "broadcasting the boot nonce failed");
-
-  if (node_.local_rank == 0) {
-    std::vector<PeerExpectation> peers;
-    for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_ids[i]});
-    std::vector<int> data_fds;
-    for (size_t s = 0; s < data_.segment_count(); ++s) data_fds.push_back(data_.segment_fd(s));
-    r = server.serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline, store_state_.fd());
-    server.close_socket();
-    store_state_.close_fd();  // the mapping keeps it; the peers hold their own
-    if (ok(r) && scheduler()) data_ = BufferData();  // the peers hold the segments now
-  } else {
-    PlaneDescriptor desc{};
-    std::vector<int> fds;
-    PlaneExpectation expect;
-    expect.ctrl = cp;
-    expect.segment_bytes = dp.segment_bytes;
-    expect.data_total_slots = dp.total_slots;
-    r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline, &desc,
-                     &fds, &expect);
-    if (ok(r))
-      r = BufferCtrl::attach(fds[0], &cp, &ctrl_,
-                             config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
-    if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);
-    if (ok(r) && (desc.store_fds != 0) != (store_bytes > 0))
-      r = fail(Result::kConfigMismatch,
-               "local rank 0 sent %u store state fds; this rank's backend \"%s\" needs %" PRIu64 " bytes of it",
-               desc.store_fds, config_.backend, store_bytes);
-    if (ok(r) && store_bytes > 0) r = NodeState::attach(fds.back(), store_bytes, &store_state_);
-    for (int fd : fds) close(fd);
-  }
+  r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);
   return collective_status(node_.comm, r);
+}
+
+// The data plane's NUMA placement (numa.h) follows the GPUs of every rank of
+// the node, not local rank 0's view alone: each rank's visible GPUs' nodes,
+// ORed over the node.
+Result Cache::choose_data_numa(DataParams* dp) {
+  uint32_t gpus = 0;
+  std::string note;
+  const uint64_t mine = scheduler() ? 0 : gpu_numa_nodes("/sys", &gpus, &note);
+  uint64_t all = 0;
+  if (MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_BOR, node_.node) != MPI_SUCCESS)
+    return fail(Result::kSystem, "reducing the GPUs' NUMA nodes over the node failed");
+  dp->numa = choose_numa_policy(all, memory_numa_nodes("/sys"));
+  if (node_.local_rank == 0) UCM_INFO(kData, "NUMA: this rank sees %s; data plane policy %s (%s)", note.c_str(),
+                                      describe_numa(dp->numa.mode, dp->numa.nodes).c_str(), dp->numa.why.c_str());
+  return Result::kOk;
+}
+
+Result Cache::create_planes(const CtrlParams& cp, const DataParams& dp, uint64_t store_bytes) {
+  // hugepages=off keeps the control region on ordinary pages too.
+  Result r = BufferCtrl::create(cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
+  // Before any peer attaches: the node's protection (ctrl/protect.h), agreed at init.
+  if (ok(r)) ctrl_.set_protect_grace_ms(config_.protect && config_.fanout == UCM_FANOUT_OFF ? config_.protect_grace_ms : 0);
+  if (ok(r)) r = BufferData::create(dp, &data_);
+  if (ok(r) && store_bytes > 0) r = NodeState::create(store_bytes, &store_state_);
+  return r;
+}
+
+Result Cache::serve_planes(FdServer* server, const DataParams& dp, uint64_t deadline) {
+  std::vector<PeerExpectation> peers;
+  for (int i = 1; i < node_.local_size; ++i) peers.push_back({static_cast<uint32_t>(i), node_.local_ids[i]});
+  std::vector<int> data_fds;
+  for (size_t s = 0; s < data_.segment_count(); ++s) data_fds.push_back(data_.segment_fd(s));
+  const Result r = server->serve(peers, describe_planes(ctrl_, dp, data_), ctrl_.fd(), data_fds, deadline, store_state_.fd());
+  server->close_socket();
+  store_state_.close_fd();  // the mapping keeps it; the peers hold their own
+  if (ok(r) && scheduler()) data_ = BufferData();  // the peers hold the segments now
+  return r;
+}
+
+Result Cache::fetch_planes_of_rank0(const CtrlParams& cp, const DataParams& dp, uint64_t nonce, uint64_t store_bytes,
+                                    uint64_t deadline) {
+  PlaneDescriptor desc{};
+  std::vector<int> fds;
+  PlaneExpectation expect;
+  expect.ctrl = cp;
+  expect.segment_bytes = dp.segment_bytes;
+  expect.data_total_slots = dp.total_slots;
+  Result r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline,
+                          &desc, &fds, &expect);
+  if (ok(r))
+    r = BufferCtrl::attach(fds[0], &cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
+  if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);
+  if (ok(r) && (desc.store_fds != 0) != (store_bytes > 0))
+    r = fail(Result::kConfigMismatch,
+             "local rank 0 sent %u store state fds; this rank's backend \"%s\" needs %" PRIu64 " bytes of it",
+             desc.store_fds, config_.backend, store_bytes);
+  if (ok(r) && store_bytes > 0) r = NodeState::attach(fds.back(), store_bytes, &store_state_);
+  for (int fd : fds) close(fd);  // the mappings keep what they need
+  return r;
 }
 
 namespace {

@@ -15,7 +15,8 @@
 //      header against their own layout
 //   6. everyone joins its rank, registers the segments with its device (in
 //      parallel threads, timed: ucm_cache_info.register_seconds), plans
-//      its thread placement and opens its backend; then the node barriers.
+//      its thread placement and opens its backend
+//   7. with fan-out, the node's fan-out communicator; then the node barriers.
 // Nothing is created in any file system.
 #pragma once
 
@@ -39,6 +40,8 @@
 #include "ucmcache/ucm.h"
 
 namespace ucm {
+
+class FdServer;
 
 class Cache {
  public:
@@ -92,7 +95,19 @@ class Cache {
   std::string error() const;
 
  private:
-  Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);
+  // Init's steps (the list above), each ending in a collective status.
+  Result split_node(MPI_Comm comm);                                            // 1
+  Result check_config_on_node(Result arg_error, const std::string& arg_message);  // 2
+  Result choose_engine_and_layout(CtrlParams* cp, DataParams* dp);             // 3
+  Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);  // 4-5
+  void log_device_and_placement() const;  // init's last line, one per rank
+  Result choose_data_numa(DataParams* dp);
+  // Local rank 0 builds the planes (and the store's node state: store_bytes)
+  // and serves them; every other rank fetches and maps them.
+  Result create_planes(const CtrlParams& cp, const DataParams& dp, uint64_t store_bytes);
+  Result serve_planes(FdServer* server, const DataParams& dp, uint64_t deadline);
+  Result fetch_planes_of_rank0(const CtrlParams& cp, const DataParams& dp, uint64_t nonce, uint64_t store_bytes,
+                               uint64_t deadline);
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
   Result open_rank();
   Result open_fanout();  // init step 7 (api/cache_fanout.cpp)

@@ -151,77 +151,107 @@ PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int
   index_off_ = (uint64_t{ctx.shards_per_block} * ctx.shard_bytes + 4095) / 4096 * 4096;
 }
 
-Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, std::unique_ptr<PosixBackend>* out) {
-  // The directory is opened once, following links on the way (a link to a
-  // good directory is a good store), and everything after is relative to
-  // that open directory: renaming or relinking the path later cannot move the
-  // store elsewhere. The checks below are on the directory itself.
+namespace {
+
+// The directory is opened once, following links on the way (a link to a
+// good directory is a good store), and everything after is relative to that
+// open directory: renaming or relinking the path later cannot move the store
+// elsewhere.
+Result open_store_dir(const std::string& dir, int* out) {
   int dfd;
-  do dfd = open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  do dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   while (dfd < 0 && errno == EINTR);
   if (dfd < 0) {
-    if (errno == ENOTDIR) return fail(Result::kInvalidArg, "posix store path %s is not a directory", o.dir.c_str());
-    return fail(Result::kInvalidArg, "posix store directory %s: %s", o.dir.c_str(), strerror(errno));
+    if (errno == ENOTDIR) return fail(Result::kInvalidArg, "posix store path %s is not a directory", dir.c_str());
+    return fail(Result::kInvalidArg, "posix store directory %s: %s", dir.c_str(), strerror(errno));
   }
+  *out = dfd;
+  return Result::kOk;
+}
+
+// Whoever may write the directory may plant, replace or remove block files:
+// only the job's own user may. Root too: a root job's files in a directory
+// another user owns could be swapped under it (root writing there is not the
+// danger; trusting what is there is).
+Result check_store_dir_owner(int dfd, const std::string& dir) {
+  struct stat st;
+  if (fstat(dfd, &st) != 0) return fail(Result::kSystem, "posix store directory %s: fstat: %s", dir.c_str(), strerror(errno));
+  const uid_t euid = geteuid();
+  if (st.st_uid != euid)
+    return fail(Result::kInvalidArg,
+                "posix store directory %s (mode 0%o) is owned by uid %u, not by this job's user (uid %u): another user "
+                "controls what is in it; use a directory of your own (mkdir -m 700)",
+                dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid),
+                static_cast<unsigned>(euid));
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fail(Result::kInvalidArg,
+                "posix store directory %s (mode 0%o, owner uid %u) is writable by group or others, who could plant or "
+                "replace block files; fix: chmod go-w %s",
+                dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid), dir.c_str());
+  return Result::kOk;
+}
+
+// What a probe file in the directory tells about direct I/O there.
+struct DirectProbe {
+  bool ok = false;
+  uint32_t mem_align = kDefaultDirectAlign;
+  uint32_t off_align = kDefaultDirectAlign;
+};
+
+// A real write probe: permission bits do not stop root, a read-only mount
+// does. The probe file is also asked whether O_DIRECT works there.
+Result probe_store_dir(int dfd, const PosixOptions& o, DirectProbe* out) {
+  std::random_device rd;
+  char probe[64];
+  std::snprintf(probe, sizeof(probe), ".ucm-probe-%d-%08x", static_cast<int>(getpid()), rd());
+  int fd = openat_retry(dfd, probe, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(Result::kInvalidArg, "posix store directory %s is not writable: %s", o.dir.c_str(), strerror(errno));
+  DirectProbe p;
+  p.ok = o.direct != DirectMode::kOff && set_direct(fd, true);
+  // The alignment direct I/O needs, as the kernel says for a file there (it
+  // answers for regular files only, so the probe is asked, not the directory).
+#ifdef STATX_DIOALIGN
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+      sx.stx_dio_mem_align != 0 && sx.stx_dio_offset_align != 0) {
+    p.mem_align = sx.stx_dio_mem_align;
+    p.off_align = sx.stx_dio_offset_align;
+  }
+#endif
+  if (o.dio_align_claim != 0) p.mem_align = p.off_align = o.dio_align_claim;
+  close(fd);
+  unlinkat(dfd, probe, 0);
+  if (o.direct == DirectMode::kOn && !p.ok)
+    return fail(Result::kUnsupported, "posix store: direct=on but %s does not accept O_DIRECT", o.dir.c_str());
+  *out = p;
+  return Result::kOk;
+}
+
+}  // namespace
+
+Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, std::unique_ptr<PosixBackend>* out) {
+  int dfd = -1;
+  UCM_CHECK(open_store_dir(o.dir, &dfd));
   struct DirCloser {
     int fd;
     ~DirCloser() {
       if (fd >= 0) close(fd);
     }
   } guard{dfd};
-  struct stat st;
-  if (fstat(dfd, &st) != 0) return fail(Result::kSystem, "posix store directory %s: fstat: %s", o.dir.c_str(), strerror(errno));
-  // Whoever may write the directory may plant, replace or remove block files:
-  // only the job's own user may. Root too: a root job's files in a directory
-  // another user owns could be swapped under it (root writing there is not
-  // the danger; trusting what is there is).
-  const uid_t euid = geteuid();
-  if (st.st_uid != euid)
-    return fail(Result::kInvalidArg,
-                "posix store directory %s (mode 0%o) is owned by uid %u, not by this job's user (uid %u): another user "
-                "controls what is in it; use a directory of your own (mkdir -m 700)",
-                o.dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid),
-                static_cast<unsigned>(euid));
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    return fail(Result::kInvalidArg,
-                "posix store directory %s (mode 0%o, owner uid %u) is writable by group or others, who could plant or "
-                "replace block files; fix: chmod go-w %s",
-                o.dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(st.st_uid),
-                o.dir.c_str());
-
-  // A real write probe: permission bits do not stop root, a read-only mount does.
-  std::random_device rd;
-  char probe[64];
-  std::snprintf(probe, sizeof(probe), ".ucm-probe-%d-%08x", static_cast<int>(getpid()), rd());
-  int fd = openat_retry(dfd, probe, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return fail(Result::kInvalidArg, "posix store directory %s is not writable: %s", o.dir.c_str(), strerror(errno));
-  bool direct_ok = o.direct != DirectMode::kOff && set_direct(fd, true);
-  // The alignment direct I/O needs, as the kernel says for a file there (it
-  // answers for regular files only, so the probe is asked, not the directory).
-  uint32_t mem_align = kDefaultDirectAlign, off_align = kDefaultDirectAlign;
-#ifdef STATX_DIOALIGN
-  struct statx sx;
-  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
-      sx.stx_dio_mem_align != 0 && sx.stx_dio_offset_align != 0) {
-    mem_align = sx.stx_dio_mem_align;
-    off_align = sx.stx_dio_offset_align;
-  }
-#endif
-  if (o.dio_align_claim != 0) mem_align = off_align = o.dio_align_claim;
-  close(fd);
-  unlinkat(dfd, probe, 0);
-  if (o.direct == DirectMode::kOn && !direct_ok)
-    return fail(Result::kUnsupported, "posix store: direct=on but %s does not accept O_DIRECT", o.dir.c_str());
+  // The checks are on the directory itself, as opened.
+  UCM_CHECK(check_store_dir_owner(dfd, o.dir));
+  DirectProbe direct;
+  UCM_CHECK(probe_store_dir(dfd, o, &direct));
 
   std::unique_ptr<PosixBackend> b(new PosixBackend(o, ctx, dfd));
   guard.fd = -1;
-  b->direct_ok_.store(direct_ok, std::memory_order_relaxed);
-  b->dio_mem_align_ = mem_align;
-  b->dio_off_align_ = off_align;
+  b->direct_ok_.store(direct.ok, std::memory_order_relaxed);
+  b->dio_mem_align_ = direct.mem_align;
+  b->dio_off_align_ = direct.off_align;
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
   UCM_NODE_INFO(kBackend,
                 "store: posix at %s: %u I/O threads, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
-                o.dir.c_str(), o.depth, direct_ok ? "available" : "not available", mem_align, off_align,
+                o.dir.c_str(), o.depth, direct.ok ? "available" : "not available", direct.mem_align, direct.off_align,
                 o.sync ? "on" : "off", o.file_mode);
   *out = std::move(b);
   return Result::kOk;

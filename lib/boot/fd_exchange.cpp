@@ -48,11 +48,6 @@ bool header_ok(const WireHeader& h, uint64_t nonce, WireKind kind) {
          h.nonce == nonce && h.kind == static_cast<uint32_t>(kind);
 }
 
-void close_all(std::vector<int>* fds) {
-  for (int fd : *fds) close(fd);
-  fds->clear();
-}
-
 Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor* desc, const int* fds, uint32_t nfds) {
   WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kGrant),
                desc ? static_cast<uint32_t>(sizeof(*desc)) : 0u, nfds, seq};
@@ -111,6 +106,182 @@ Result check_server(int s, uint64_t nonce, const ProcessIdentity& server) {
                 "nothing taken from it",
                 name.c_str(), cred.pid, cred.uid, euid);
   return Result::kOk;
+}
+
+// The fds received from local rank 0, owned until fetch_planes hands them to
+// its caller: every other way out closes each of them, once. Move-only.
+class ReceivedFds {
+ public:
+  ReceivedFds() = default;
+  ~ReceivedFds() { close_all(); }
+  ReceivedFds(ReceivedFds&& o) noexcept : fds_(std::move(o.fds_)) { o.fds_.clear(); }
+  ReceivedFds& operator=(ReceivedFds&& o) noexcept {
+    if (this != &o) {
+      close_all();
+      fds_ = std::move(o.fds_);
+      o.fds_.clear();
+    }
+    return *this;
+  }
+  ReceivedFds(const ReceivedFds&) = delete;
+  ReceivedFds& operator=(const ReceivedFds&) = delete;
+
+  void adopt(int fd) { fds_.push_back(fd); }
+  size_t size() const { return fds_.size(); }
+  // Gives up ownership: the caller closes what it gets.
+  std::vector<int> release() {
+    std::vector<int> out;
+    out.swap(fds_);
+    return out;
+  }
+
+ private:
+  void close_all() {
+    for (int fd : fds_) close(fd);
+    fds_.clear();
+  }
+  std::vector<int> fds_;
+};
+
+// Connects to local rank 0's socket, retrying while it is not listening yet,
+// as long as rank 0 lives and the deadline allows.
+Result connect_to_rank0(uint64_t nonce, const ProcessIdentity& server, uint64_t deadline_ns, int* out) {
+  socklen_t len;
+  const sockaddr_un a = make_addr(nonce, &len);
+  for (;;) {
+    int s;
+    UCM_SYSCHECK(s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), "socket(AF_UNIX)");
+    if (connect(s, reinterpret_cast<const sockaddr*>(&a), len) == 0) {
+      *out = s;
+      return Result::kOk;
+    }
+    const int e = errno;
+    close(s);
+    if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR)
+      return fail(Result::kSystem, "connecting to local rank 0's boot socket: %s", strerror(e));
+    if (!is_alive(server))
+      return fail(Result::kPeerDead, "local rank 0 (pid %d) died during init, before handing out the cache", server.pid);
+    if (now_ns() >= deadline_ns)
+      return fail(Result::kTimeout, "local rank 0 (pid %d) did not open its boot socket by the deadline", server.pid);
+    usleep(2000);
+  }
+}
+
+Result send_hello(int s, uint64_t nonce, uint32_t local_rank, bool want_data) {
+  uint8_t hello_buf[sizeof(WireHeader) + sizeof(WireHello)];
+  const WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kHello),
+                     sizeof(WireHello), 0, 0};
+  const WireHello hello{local_rank, static_cast<int32_t>(getpid()), want_data ? 1u : 0u, 0};
+  std::memcpy(hello_buf, &h, sizeof(h));
+  std::memcpy(hello_buf + sizeof(h), &hello, sizeof(hello));
+  ssize_t sent;
+  do sent = send(s, hello_buf, sizeof(hello_buf), MSG_NOSIGNAL);
+  while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(sizeof(hello_buf)))
+    return fail(Result::kSystem, "sending hello to local rank 0: %s", sent < 0 ? strerror(errno) : "short send");
+  return Result::kOk;
+}
+
+// Waits in slices for the next grant, watching rank 0's process.
+Result wait_for_grant(int s, const ProcessIdentity& server, uint64_t deadline_ns) {
+  for (;;) {
+    if (poll_in(s, std::min(deadline_ns, now_ns() + kPollSliceNs)) > 0) return Result::kOk;
+    if (!is_alive(server))
+      return fail(Result::kPeerDead, "local rank 0 (pid %d) died while handing out the cache", server.pid);
+    if (now_ns() >= deadline_ns)
+      return fail(Result::kTimeout, "local rank 0 (pid %d) sent no cache fds by the deadline", server.pid);
+  }
+}
+
+// One message from rank 0, as received.
+struct Grant {
+  uint8_t buf[sizeof(WireHeader) + sizeof(PlaneDescriptor) + 16];
+  ssize_t n = 0;    // recvmsg's return
+  int error = 0;    // its errno when n < 0
+  int flags = 0;    // msg_flags
+  uint32_t fds = 0; // fds that came with it
+};
+
+// Receives one message. Its fds join `fds` before anything about it is
+// checked, so that every exit path closes them.
+void receive_grant(int s, ReceivedFds* fds, Grant* g) {
+  alignas(cmsghdr) uint8_t cbuf[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  iovec iov{g->buf, sizeof(g->buf)};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = cbuf;
+  m.msg_controllen = sizeof(cbuf);
+  do g->n = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+  while (g->n < 0 && errno == EINTR);
+  g->error = g->n < 0 ? errno : 0;
+  // A failed recvmsg writes nothing back: msg_controllen is still cbuf's
+  // size and cbuf was never written, so there are no fds to walk.
+  if (g->n < 0) return;
+  g->flags = m.msg_flags;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds->adopt(fd);
+      ++g->fds;
+    }
+  }
+}
+
+// Grant `seq` as a message: it arrived whole, and its header says what it
+// carries (the descriptor in grant 0 only, and the fds that came with it).
+Result check_grant(const Grant& grant, uint64_t nonce, uint32_t seq, size_t fds_so_far, uint32_t expected_total) {
+  const ssize_t n = grant.n;
+  if (n <= 0)
+    return fail(n == 0 ? Result::kPeerDead : Result::kSystem, "local rank 0 closed the boot socket after %u of %u fds%s",
+                static_cast<uint32_t>(fds_so_far), expected_total, n < 0 ? strerror(grant.error) : "");
+  if (grant.flags & (MSG_TRUNC | MSG_CTRUNC))
+    return fail(Result::kCorrupt, "a boot message from local rank 0 was truncated (%s)",
+                (grant.flags & MSG_CTRUNC) ? "fds lost" : "payload cut");
+  WireHeader g{};
+  if (n >= static_cast<ssize_t>(sizeof(g))) std::memcpy(&g, grant.buf, sizeof(g));
+  const size_t payload = n >= static_cast<ssize_t>(sizeof(g)) ? static_cast<size_t>(n) - sizeof(g) : 0;
+  const size_t want_payload = seq == 0 ? sizeof(PlaneDescriptor) : 0;
+  if (n < static_cast<ssize_t>(sizeof(g)) || !header_ok(g, nonce, WireKind::kGrant) || g.seq != seq ||
+      g.payload_bytes != payload || payload != want_payload || g.nfds != grant.fds)
+    return fail(Result::kCorrupt,
+                "malformed boot message %u from local rank 0: %zd bytes, %u fds (magic 0x%016" PRIx64 ", kind %u)", seq,
+                n, grant.fds, g.magic, g.kind);
+  return Result::kOk;
+}
+
+// The descriptor's fd counts add up (in 64 bits: 1 + 0xffffffff segments
+// must not wrap to an empty fd list), and a scheduler is sent no segments.
+Result check_announced_fds(const PlaneDescriptor& d, bool want_data) {
+  if (d.store_fds > 1 || uint64_t{d.total_fds} != uint64_t{1} + d.segment_count + d.store_fds ||
+      (!want_data && d.segment_count != 0))
+    return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments and %u store fds", d.total_fds,
+                d.segment_count, d.store_fds);
+  return Result::kOk;
+}
+
+// Receives grants until the fds the descriptor announced are all in.
+Result receive_planes(int s, uint64_t nonce, bool want_data, const ProcessIdentity& server, uint64_t deadline_ns,
+                      const PlaneExpectation* expect, PlaneDescriptor* desc, ReceivedFds* fds) {
+  uint32_t expected_total = 0;
+  for (uint32_t seq = 0;; ++seq) {
+    UCM_CHECK(wait_for_grant(s, server, deadline_ns));
+    Grant grant;
+    receive_grant(s, fds, &grant);
+    UCM_CHECK(check_grant(grant, nonce, seq, fds->size(), expected_total));
+    if (seq == 0) {
+      std::memcpy(desc, grant.buf + sizeof(WireHeader), sizeof(*desc));
+      expected_total = desc->total_fds;
+      UCM_CHECK(check_announced_fds(*desc, want_data));
+      UCM_CHECK(check_plane_descriptor(*desc, expect));
+    }
+    if (fds->size() > expected_total)
+      return fail(Result::kCorrupt, "local rank 0 sent %zu fds, %u were announced", fds->size(), expected_total);
+    if (fds->size() == expected_total) return Result::kOk;
+  }
 }
 
 }  // namespace
@@ -301,121 +472,18 @@ Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const P
                     uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds,
                     const PlaneExpectation* expect) {
   fds->clear();
-  const pid_t server_pid = server.pid;
-  socklen_t len;
-  const sockaddr_un a = make_addr(nonce, &len);
   int s = -1;
-  for (;;) {
-    UCM_SYSCHECK(s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), "socket(AF_UNIX)");
-    if (connect(s, reinterpret_cast<const sockaddr*>(&a), len) == 0) break;
-    const int e = errno;
-    close(s);
-    s = -1;
-    if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR)
-      return fail(Result::kSystem, "connecting to local rank 0's boot socket: %s", strerror(e));
-    if (!is_alive(server))
-      return fail(Result::kPeerDead, "local rank 0 (pid %d) died during init, before handing out the cache", server_pid);
-    if (now_ns() >= deadline_ns)
-      return fail(Result::kTimeout, "local rank 0 (pid %d) did not open its boot socket by the deadline", server_pid);
-    usleep(2000);
-  }
+  UCM_CHECK(connect_to_rank0(nonce, server, deadline_ns, &s));
   struct Closer {
     int fd;
     ~Closer() { close(fd); }
   } closer{s};
   UCM_CHECK(check_server(s, nonce, server));
-
-  uint8_t hello_buf[sizeof(WireHeader) + sizeof(WireHello)];
-  const WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kHello),
-                     sizeof(WireHello), 0, 0};
-  const WireHello hello{local_rank, static_cast<int32_t>(getpid()), want_data ? 1u : 0u, 0};
-  std::memcpy(hello_buf, &h, sizeof(h));
-  std::memcpy(hello_buf + sizeof(h), &hello, sizeof(hello));
-  ssize_t sent;
-  do sent = send(s, hello_buf, sizeof(hello_buf), MSG_NOSIGNAL);
-  while (sent < 0 && errno == EINTR);
-  if (sent != static_cast<ssize_t>(sizeof(hello_buf)))
-    return fail(Result::kSystem, "sending hello to local rank 0: %s", sent < 0 ? strerror(errno) : "short send");
-
-  uint32_t expected_total = 0;
-  for (uint32_t seq = 0;; ++seq) {
-    for (;;) {
-      const int pr = poll_in(s, std::min(deadline_ns, now_ns() + kPollSliceNs));
-      if (pr > 0) break;
-      if (!is_alive(server)) {
-        close_all(fds);
-        return fail(Result::kPeerDead, "local rank 0 (pid %d) died while handing out the cache", server_pid);
-      }
-      if (now_ns() >= deadline_ns) {
-        close_all(fds);
-        return fail(Result::kTimeout, "local rank 0 (pid %d) sent no cache fds by the deadline", server_pid);
-      }
-    }
-    uint8_t buf[sizeof(WireHeader) + sizeof(PlaneDescriptor) + 16];
-    alignas(cmsghdr) uint8_t cbuf[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
-    iovec iov{buf, sizeof(buf)};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf;
-    m.msg_controllen = sizeof(cbuf);
-    ssize_t n;
-    do n = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    // Collect the fds first, so that every exit path closes them.
-    uint32_t got = 0;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds->push_back(fd);
-        ++got;
-      }
-    }
-    if (n <= 0) {
-      close_all(fds);
-      return fail(n == 0 ? Result::kPeerDead : Result::kSystem, "local rank 0 closed the boot socket after %u of %u fds%s",
-                  static_cast<uint32_t>(fds->size()), expected_total, n < 0 ? strerror(errno) : "");
-    }
-    if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-      close_all(fds);
-      return fail(Result::kCorrupt, "a boot message from local rank 0 was truncated (%s)",
-                  (m.msg_flags & MSG_CTRUNC) ? "fds lost" : "payload cut");
-    }
-    WireHeader g{};
-    if (n >= static_cast<ssize_t>(sizeof(g))) std::memcpy(&g, buf, sizeof(g));
-    const size_t payload = n >= static_cast<ssize_t>(sizeof(g)) ? static_cast<size_t>(n) - sizeof(g) : 0;
-    const size_t want_payload = seq == 0 ? sizeof(PlaneDescriptor) : 0;
-    if (n < static_cast<ssize_t>(sizeof(g)) || !header_ok(g, nonce, WireKind::kGrant) || g.seq != seq ||
-        g.payload_bytes != payload || payload != want_payload || g.nfds != got) {
-      close_all(fds);
-      return fail(Result::kCorrupt,
-                  "malformed boot message %u from local rank 0: %zd bytes, %u fds (magic 0x%016" PRIx64 ", kind %u)", seq,
-                  n, got, g.magic, g.kind);
-    }
-    if (seq == 0) {
-      std::memcpy(desc, buf + sizeof(g), sizeof(*desc));
-      expected_total = desc->total_fds;
-      // In 64 bits: 1 + 0xffffffff segments must not wrap to an empty fd list.
-      if (desc->store_fds > 1 || uint64_t{expected_total} != uint64_t{1} + desc->segment_count + desc->store_fds ||
-          (!want_data && desc->segment_count != 0)) {
-        close_all(fds);
-        return fail(Result::kCorrupt, "boot descriptor announces %u fds for %u segments and %u store fds",
-                    expected_total, desc->segment_count, desc->store_fds);
-      }
-      if (const Result r = check_plane_descriptor(*desc, expect); !ok(r)) {
-        close_all(fds);
-        return r;
-      }
-    }
-    if (fds->size() > expected_total) {
-      close_all(fds);
-      return fail(Result::kCorrupt, "local rank 0 sent %zu fds, %u were announced", fds->size(), expected_total);
-    }
-    if (fds->size() == expected_total) return Result::kOk;
-  }
+  UCM_CHECK(send_hello(s, nonce, local_rank, want_data));
+  ReceivedFds received;
+  UCM_CHECK(receive_planes(s, nonce, want_data, server, deadline_ns, expect, desc, &received));
+  *fds = received.release();
+  return Result::kOk;
 }
 
 PlaneDescriptor describe_planes(const BufferCtrl& ctrl, const DataParams& dp, const BufferData& data) {

@@ -364,33 +364,10 @@ Result BufferCtrl::attach(int fd, const CtrlParams* expect, BufferCtrl* out, Ctr
   return Result::kOk;
 }
 
-Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pages) {
-  struct stat st;
-  UCM_SYSCHECK(fstat(fd, &st), "fstat(control fd)");
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < sizeof(CtrlHeader))
-    return fail(Result::kCorrupt, "control region truncated: %" PRIu64 " bytes, the header alone needs %zu",
-                file_bytes, sizeof(CtrlHeader));
-  int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || !(seals & F_SEAL_SHRINK))
-    return fail(Result::kCorrupt, "control region is not sealed against shrinking (seals 0x%x)", seals < 0 ? 0 : seals);
-  struct statfs fs;
-  hugetlb_ = fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic;
-  void* m = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", file_bytes, strerror(errno));
-  base_ = static_cast<uint8_t*>(m);
-  bytes_ = file_bytes;
-  if (hugetlb_) {
-    pages_note_ = "2 MiB hugetlb pages";
-  } else if (pages == CtrlPages::kAuto) {
-    (void)madvise(m, file_bytes, MADV_HUGEPAGE);  // as the creator did; a hint
-    pages_note_ = ordinary_note(true) + "; the creator found no hugetlb pages";
-  } else {
-    pages_note_ = ordinary_note(false);
-  }
-  g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
+namespace {
 
-  const CtrlHeader& h = header();
+// The header's magic, ABI and size: a region this library can read at all.
+Result check_header_format(const CtrlHeader& h) {
   const uint64_t magic = std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire);  // [A0]
   if (magic != kCtrlMagic)
     return fail(Result::kCorrupt, "control region has bad magic 0x%016" PRIx64 " (expected 0x%016" PRIx64 "%s)", magic,
@@ -399,6 +376,25 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pag
     return fail(Result::kAbiMismatch, "control region has ABI %u, this library speaks ABI %u", h.abi, kCtrlAbi);
   if (h.header_bytes != sizeof(CtrlHeader))
     return fail(Result::kAbiMismatch, "control header is %u bytes, this library's is %zu", h.header_bytes, sizeof(CtrlHeader));
+  return Result::kOk;
+}
+
+// The header's offsets are the ones its parameters give, inside the file.
+Result check_header_layout(const CtrlHeader& h, const CtrlParams& found, uint64_t file_bytes) {
+  const RegionLayout l = compute_layout(found);
+  if (l.region_bytes != h.region_bytes || l.buckets_off != h.buckets_off || l.slots_off != h.slots_off ||
+      l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off ||
+      l.stored_off != h.stored_off)
+    return fail(Result::kCorrupt, "control header offsets disagree with its parameters");
+  if (h.region_bytes > file_bytes)
+    return fail(Result::kCorrupt, "control region truncated: the file has %" PRIu64 " bytes, the header says %" PRIu64,
+                file_bytes, h.region_bytes);
+  return Result::kOk;
+}
+
+// The header's parameters: sound, fingerprinted, laid out as they say, and
+// (with `expect`) the ones this rank expects.
+Result check_header_params(const CtrlHeader& h, const CtrlParams* expect, uint64_t file_bytes) {
   const CtrlParams found = h.params;
   CtrlParams want;
   if (expect) {
@@ -425,18 +421,52 @@ Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pag
                 "control header fingerprint 0x%016" PRIx64 " does not match its own parameters (0x%016" PRIx64
                 "): the header is corrupt%s",
                 h.fingerprint, fp, corrupt_note().c_str());
-  const RegionLayout l = compute_layout(found);
-  if (l.region_bytes != h.region_bytes || l.buckets_off != h.buckets_off || l.slots_off != h.slots_off ||
-      l.pins_off != h.pins_off || l.pin_row_bytes != h.pin_row_bytes || l.accessed_off != h.accessed_off ||
-      l.stored_off != h.stored_off)
-    return fail(Result::kCorrupt, "control header offsets disagree with its parameters");
-  if (h.region_bytes > file_bytes)
-    return fail(Result::kCorrupt, "control region truncated: the file has %" PRIu64 " bytes, the header says %" PRIu64,
-                file_bytes, h.region_bytes);
+  UCM_CHECK(check_header_layout(h, found, file_bytes));
   if (expect && !corrupt_fields.empty())
     return fail(Result::kConfigMismatch, "%s",
                 ctrl_params_diff(found, want, "the control region", "this rank").c_str());
+  return Result::kOk;
+}
+
+}  // namespace
+
+Result BufferCtrl::map_and_check(int fd, const CtrlParams* expect, CtrlPages pages) {
+  uint64_t file_bytes = 0;
+  UCM_CHECK(map_region(fd, pages, &file_bytes));
+  UCM_CHECK(check_header_format(header()));
+  UCM_CHECK(check_header_params(header(), expect, file_bytes));
   cache_fields();
+  return Result::kOk;
+}
+
+// Maps the whole file (a truncated or unsealed one is refused first), with
+// the pages the creator chose.
+Result BufferCtrl::map_region(int fd, CtrlPages pages, uint64_t* file_bytes_out) {
+  struct stat st;
+  UCM_SYSCHECK(fstat(fd, &st), "fstat(control fd)");
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < sizeof(CtrlHeader))
+    return fail(Result::kCorrupt, "control region truncated: %" PRIu64 " bytes, the header alone needs %zu",
+                file_bytes, sizeof(CtrlHeader));
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return fail(Result::kCorrupt, "control region is not sealed against shrinking (seals 0x%x)", seals < 0 ? 0 : seals);
+  struct statfs fs;
+  hugetlb_ = fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic;
+  void* m = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", file_bytes, strerror(errno));
+  base_ = static_cast<uint8_t*>(m);
+  bytes_ = file_bytes;
+  if (hugetlb_) {
+    pages_note_ = "2 MiB hugetlb pages";
+  } else if (pages == CtrlPages::kAuto) {
+    (void)madvise(m, file_bytes, MADV_HUGEPAGE);  // as the creator did; a hint
+    pages_note_ = ordinary_note(true) + "; the creator found no hugetlb pages";
+  } else {
+    pages_note_ = ordinary_note(false);
+  }
+  g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
+  *file_bytes_out = file_bytes;
   return Result::kOk;
 }
 

@@ -134,6 +134,7 @@ class BufferCtrl {
 
  private:
   Result map_and_check(int fd, const CtrlParams* expect, CtrlPages pages);
+  Result map_region(int fd, CtrlPages pages, uint64_t* file_bytes);
   void cache_fields();
   void reset();
 

@@ -142,10 +142,10 @@ Result reap_dead_ranks(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint6
 
 namespace {
 
-Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited, uint64_t deadline) {
-  const uint32_t holder = holder_id(me);
-  CtrlGlobals& g = c.globals();
-
+// 1. The ranks that died, marked kReaping (each named once in the log). The
+// records in `inherited` (the caller's own, adopted) count as dead but only
+// their leftovers are reaped.
+uint32_t mark_dead_ranks(const BufferCtrl& c, uint32_t inherited) {
   uint32_t dead_mask = inherited;
   for (uint32_t r = 0; r < c.max_ranks(); ++r) {
     RankRecord& rec = c.rank(r);
@@ -157,6 +157,78 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
     UCM_WARN("local rank %u (pid %d) died: releasing its locks, claims, pins, loads and writes", r,
              rec.pid.load(std::memory_order_relaxed));
   }
+  return dead_mask;
+}
+
+// 2. Bucket locks held by the dead.
+void release_dead_bucket_locks(const BufferCtrl& c, uint32_t holder, uint32_t dead_mask) {
+  for (uint32_t b = 0; b < c.bucket_count(); ++b) {
+    std::atomic<uint32_t>* lk = &c.bucket(b).lock;
+    const uint32_t h = lock_holder(lk->load(std::memory_order_relaxed));
+    if (is_dead_holder(h, dead_mask) && shared_lock_steal(lk, h, holder)) shared_unlock(lk);
+  }
+}
+
+// A corrupt chain seen while reaping: the first one's error, the last one's result.
+struct ReapCorruption {
+  Result result = Result::kOk;
+  std::string what;
+};
+
+// 3, one slot claimed by the dead: a floating slot is reset; a slot on a
+// chain keeps its key and loses the claim. A corrupt chain keeps the dead
+// claim (we cannot tell whether the slot is on it) and is noted in `bad`.
+Result release_dead_claim(const BufferCtrl& c, uint32_t holder, uint32_t i, uint64_t deadline, ReapCorruption* bad) {
+  if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) {
+    reset_floating_slot(c, i);
+    return Result::kOk;
+  }
+  // Keys change only while a slot floats, so a slot on a chain is on the
+  // chain of its own key's bucket: look there, under that lock.
+  const uint32_t b = bucket_of(slot_key(c, i), c.bucket_mask());
+  UCM_CHECK(reaper_lock(c, holder, b, deadline));
+  bool on_chain = false;
+  const Result r = chain_contains(c, b, i, &on_chain);
+  if (r != Result::kOk) {
+    if (bad->result == Result::kOk) bad->what = last_error();
+    bad->result = r;
+  } else if (on_chain) {
+    unclaim_slot(c, i);
+  } else {
+    reset_floating_slot(c, i);
+  }
+  shared_unlock(&c.bucket(b).lock);
+  return Result::kOk;
+}
+
+// 3. Slots: pins, claims, loads in flight. A corrupt chain does not stop the
+// rest: the reap ends kCorrupt naming it.
+Result release_dead_slots(const BufferCtrl& c, uint32_t holder, uint32_t dead_mask, uint64_t deadline,
+                          ReapCorruption* bad) {
+  DroppedRefs dropped;
+  for (uint32_t i = 0; i < c.total_slots(); ++i) {
+    if (is_dead_holder(c.slot(i).claim.load(std::memory_order_acquire), dead_mask))
+      UCM_CHECK(release_dead_claim(c, holder, i, deadline, bad));
+    drop_rank_refs(c, i, dead_mask, &dropped);
+  }
+  return Result::kOk;
+}
+
+// 4. Records (not the ones the caller adopted).
+void free_dead_records(const BufferCtrl& c, uint32_t dead_mask, uint32_t inherited) {
+  for (uint32_t r = 0; r < c.max_ranks(); ++r) {
+    if (!((dead_mask >> r) & 1u) || ((inherited >> r) & 1u)) continue;
+    RankRecord& rec = c.rank(r);
+    rec.pid.store(0, std::memory_order_relaxed);
+    rec.start_ticks.store(0, std::memory_order_relaxed);
+    rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+  }
+}
+
+Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t inherited, uint64_t deadline) {
+  const uint32_t holder = holder_id(me);
+  CtrlGlobals& g = c.globals();
+  const uint32_t dead_mask = mark_dead_ranks(c, inherited);
   if (reaped) *reaped = static_cast<uint32_t>(__builtin_popcount(dead_mask));
   if (dead_mask == 0) return Result::kOk;
 
@@ -165,58 +237,15 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
   g.copiers.fetch_and(~dead_mask, std::memory_order_seq_cst);
   g.deferring.fetch_and(~dead_mask, std::memory_order_relaxed);
 
-  // 2. Bucket locks held by the dead.
-  for (uint32_t b = 0; b < c.bucket_count(); ++b) {
-    std::atomic<uint32_t>* lk = &c.bucket(b).lock;
-    const uint32_t h = lock_holder(lk->load(std::memory_order_relaxed));
-    if (is_dead_holder(h, dead_mask) && shared_lock_steal(lk, h, holder)) shared_unlock(lk);
-  }
-
-  // 3. Slots: pins, claims, loads in flight. A corrupt chain does not stop
-  // the rest: its slot keeps the dead claim (we cannot tell whether it is on
-  // the chain), and the reap ends kCorrupt naming it.
-  DroppedRefs dropped;
-  Result corrupt = Result::kOk;
-  std::string corrupt_what;
-  for (uint32_t i = 0; i < c.total_slots(); ++i) {
-    SlotMeta& s = c.slot(i);
-    if (is_dead_holder(s.claim.load(std::memory_order_acquire), dead_mask)) {
-      if (s.shard.load(std::memory_order_relaxed) == kEmptyShard) {
-        reset_floating_slot(c, i);
-      } else {
-        // Keys change only while a slot floats, so a slot on a chain is on the
-        // chain of its own key's bucket: look there, under that lock.
-        const uint32_t b = bucket_of(slot_key(c, i), c.bucket_mask());
-        UCM_CHECK(reaper_lock(c, holder, b, deadline));
-        bool on_chain = false;
-        const Result r = chain_contains(c, b, i, &on_chain);
-        if (r != Result::kOk) {
-          if (corrupt == Result::kOk) corrupt_what = last_error();
-          corrupt = r;
-        } else if (on_chain) {
-          unclaim_slot(c, i);
-        } else {
-          reset_floating_slot(c, i);
-        }
-        shared_unlock(&c.bucket(b).lock);
-      }
-    }
-    drop_rank_refs(c, i, dead_mask, &dropped);
-  }
-
-  // 4. Records (not the ones the caller adopted).
-  for (uint32_t r = 0; r < c.max_ranks(); ++r) {
-    if (!((dead_mask >> r) & 1u) || ((inherited >> r) & 1u)) continue;
-    RankRecord& rec = c.rank(r);
-    rec.pid.store(0, std::memory_order_relaxed);
-    rec.start_ticks.store(0, std::memory_order_relaxed);
-    rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
-  }
+  release_dead_bucket_locks(c, holder, dead_mask);
+  ReapCorruption bad;
+  UCM_CHECK(release_dead_slots(c, holder, dead_mask, deadline, &bad));
+  free_dead_records(c, dead_mask, inherited);
   g.reap_count.fetch_add(1, std::memory_order_relaxed);
   if (me < c.max_ranks()) c.rank(me).counters.reaps.fetch_add(__builtin_popcount(dead_mask), std::memory_order_relaxed);
-  if (corrupt != Result::kOk)
-    return fail(corrupt, "reaped %d dead rank(s), but a slot claim stays: %s", __builtin_popcount(dead_mask),
-                corrupt_what.c_str());
+  if (bad.result != Result::kOk)
+    return fail(bad.result, "reaped %d dead rank(s), but a slot claim stays: %s", __builtin_popcount(dead_mask),
+                bad.what.c_str());
   return Result::kOk;
 }
 

@@ -281,102 +281,138 @@ void Fanout::fallback(const std::shared_ptr<Task>& t, const std::vector<uint32_t
   }
 }
 
-void Fanout::run_task(const std::shared_ptr<Task>& t) {
-  const uint32_t n = static_cast<uint32_t>(t->entries().size());
-  const uint32_t per = opts_.chunk_entries;
-  const uint32_t chunks = (n + per - 1) / per;
-  std::vector<std::unique_ptr<Chunk>> cs(chunks);
-  std::vector<uint8_t> finished(n, 0);
-  auto make = [&](uint32_t k) {
-    cs[k] = std::make_unique<Chunk>();
-    cs[k]->begin = k * per;
-    cs[k]->end = std::min(n, (k + 1) * per);
-    start_chunk(t, cs[k].get());
-  };
-  // This rank's own loads of chunk k, finished by their own outcomes.
-  auto finish_rooted = [&](Chunk& c) {
-    std::lock_guard<std::mutex> g(c.out->mu);
-    for (uint32_t p = 0; p < c.mine.size(); ++p) {
-      const uint32_t i = c.mine[p];
-      if (finished[i]) continue;
-      finished[i] = 1;
-      if (c.out->result[p] == 0) {
-        ctr_.host_bytes.fetch_add(opts_.shard_bytes, std::memory_order_relaxed);
-        ctr_.rooted.fetch_add(1, std::memory_order_relaxed);
-        t->entry_ok();
-      } else {
-        t->entry_failed(i, static_cast<Result>(c.out->result[p]), c.out->why[p]);
-      }
-    }
-  };
-  // After a give-up at chunk k: rooted entries of chunks k and k+1 keep their
-  // own loads; everything else not finished is copied per rank.
-  auto rest = [&](uint32_t k, const char* why) {
-    finish_rooted(*cs[k]);
-    if (k + 1 < chunks && cs[k + 1]) {
-      if (!wait_chunk(cs[k + 1].get())) return;
-      finish_rooted(*cs[k + 1]);
-    }
-    std::vector<uint32_t> idx;
-    for (uint32_t i = cs[k]->begin; i < n; ++i)
-      if (!finished[i]) idx.push_back(i);
-    if (!idx.empty()) fallback(t, idx, why);
-  };
+// One task's run over its chunks: what its steps share.
+struct Fanout::TaskRun {
+  TaskRun(const std::shared_ptr<Task>& task, uint32_t per_chunk, uint32_t ranks)
+      : t(task),
+        n(static_cast<uint32_t>(task->entries().size())),
+        per(per_chunk),
+        chunks((n + per_chunk - 1) / per_chunk),
+        cs(chunks),
+        finished(n, 0),
+        st(per_chunk),
+        all(static_cast<size_t>(per_chunk) * ranks) {}
+  const std::shared_ptr<Task>& t;
+  const uint32_t n, per, chunks;
+  std::vector<std::unique_ptr<Chunk>> cs;
+  std::vector<uint8_t> finished;  // per entry: finished on t
+  std::vector<int32_t> st, all;   // a chunk's results: this rank's, then every rank's (allgathered)
+};
 
-  make(0);
-  std::vector<int32_t> st(per), all(static_cast<size_t>(per) * size_);
-  for (uint32_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) make(k + 1);  // the next chunk loads while this one broadcasts
-    Chunk& c = *cs[k];
-    if (!wait_chunk(&c)) return;  // stopping: the cache abandons the task
-    std::fill(st.begin(), st.end(), 0);
-    {
-      std::lock_guard<std::mutex> g(c.out->mu);
-      for (uint32_t p = 0; p < c.mine.size(); ++p) st[c.mine[p] - c.begin] = c.out->result[p];
+// A chunk's round of broadcasts: one per entry its root loaded.
+struct Fanout::Broadcasts {
+  std::vector<BcastOp> ops;
+  std::vector<uint32_t> entry;  // per op: the task's entry index
+};
+
+void Fanout::run_task(const std::shared_ptr<Task>& t) {
+  TaskRun run(t, opts_.chunk_entries, size_);
+  start_chunk_of(run, 0);
+  for (uint32_t k = 0; k < run.chunks; ++k)
+    if (!run_chunk(run, k)) return;
+}
+
+bool Fanout::run_chunk(TaskRun& run, uint32_t k) {
+  if (k + 1 < run.chunks) start_chunk_of(run, k + 1);  // the next chunk loads while this one broadcasts
+  Chunk& c = *run.cs[k];
+  if (!wait_chunk(&c)) return false;  // stopping: the cache abandons the task
+  Result r = gather_results(run, c);
+  if (r == Result::kFinalized) return false;
+  if (!ok(r)) {
+    give_up("the load results' allgather failed: " + last_error());
+    finish_rest(run, k, "the load results' allgather failed");
+    return false;
+  }
+  Broadcasts b;
+  plan_broadcasts(run, c, &b);
+  r = broadcast(b, k);
+  if (r == Result::kFinalized) return false;
+  if (!ok(r)) {
+    give_up("a broadcast round failed: " + last_error());
+    finish_rest(run, k, "a broadcast round failed");
+    return false;
+  }
+  finish_broadcasts(run, c, b);
+  return true;
+}
+
+void Fanout::start_chunk_of(TaskRun& run, uint32_t k) {
+  run.cs[k] = std::make_unique<Chunk>();
+  run.cs[k]->begin = k * run.per;
+  run.cs[k]->end = std::min(run.n, (k + 1) * run.per);
+  start_chunk(run.t, run.cs[k].get());
+}
+
+void Fanout::finish_rooted(TaskRun& run, Chunk& c) {
+  std::lock_guard<std::mutex> g(c.out->mu);
+  for (uint32_t p = 0; p < c.mine.size(); ++p) {
+    const uint32_t i = c.mine[p];
+    if (run.finished[i]) continue;
+    run.finished[i] = 1;
+    if (c.out->result[p] == 0) {
+      ctr_.host_bytes.fetch_add(opts_.shard_bytes, std::memory_order_relaxed);
+      ctr_.rooted.fetch_add(1, std::memory_order_relaxed);
+      run.t->entry_ok();
+    } else {
+      run.t->entry_failed(i, static_cast<Result>(c.out->result[p]), c.out->why[p]);
     }
-    Result r = coll_->allgather(st.data(), all.data(), per * sizeof(int32_t), now_ns() + opts_.step_timeout_ns);
-    if (r == Result::kFinalized) return;
-    if (!ok(r)) {
-      give_up("the load results' allgather failed: " + last_error());
-      rest(k, "the load results' allgather failed");
-      return;
+  }
+}
+
+void Fanout::finish_rest(TaskRun& run, uint32_t k, const char* why) {
+  finish_rooted(run, *run.cs[k]);
+  if (k + 1 < run.chunks && run.cs[k + 1]) {
+    if (!wait_chunk(run.cs[k + 1].get())) return;
+    finish_rooted(run, *run.cs[k + 1]);
+  }
+  std::vector<uint32_t> idx;
+  for (uint32_t i = run.cs[k]->begin; i < run.n; ++i)
+    if (!run.finished[i]) idx.push_back(i);
+  if (!idx.empty()) fallback(run.t, idx, why);
+}
+
+Result Fanout::gather_results(TaskRun& run, Chunk& c) {
+  std::fill(run.st.begin(), run.st.end(), 0);
+  {
+    std::lock_guard<std::mutex> g(c.out->mu);
+    for (uint32_t p = 0; p < c.mine.size(); ++p) run.st[c.mine[p] - c.begin] = c.out->result[p];
+  }
+  return coll_->allgather(run.st.data(), run.all.data(), run.per * sizeof(int32_t), now_ns() + opts_.step_timeout_ns);
+}
+
+void Fanout::plan_broadcasts(TaskRun& run, const Chunk& c, Broadcasts* b) {
+  for (uint32_t i = c.begin; i < c.end; ++i) {
+    const uint32_t root = root_of(i);
+    const int32_t res = run.all[static_cast<size_t>(root) * run.per + (i - c.begin)];
+    if (res == 0) {
+      b->ops.push_back({run.t->entries()[i].dst, opts_.shard_bytes, root});
+      b->entry.push_back(i);
+    } else if (root != rank_) {
+      run.finished[i] = 1;
+      const Key& key = run.t->entries()[i].key;
+      char buf[256];
+      std::snprintf(buf, sizeof(buf),
+                    "block %016" PRIx64 "%016" PRIx64 " shard %u: its load on local rank %u (its fan-out root) "
+                    "failed with %s (that rank's error names the cause); it was not broadcast",
+                    key.block.hi, key.block.lo, key.shard, root, result_name(static_cast<Result>(res)));
+      run.t->entry_failed(i, static_cast<Result>(res), buf);
     }
-    std::vector<BcastOp> ops;
-    std::vector<uint32_t> op_entry;
-    for (uint32_t i = c.begin; i < c.end; ++i) {
-      const uint32_t root = root_of(i);
-      const int32_t res = all[static_cast<size_t>(root) * per + (i - c.begin)];
-      if (res == 0) {
-        ops.push_back({t->entries()[i].dst, opts_.shard_bytes, root});
-        op_entry.push_back(i);
-      } else if (root != rank_) {
-        finished[i] = 1;
-        const Key& key = t->entries()[i].key;
-        char buf[256];
-        std::snprintf(buf, sizeof(buf),
-                      "block %016" PRIx64 "%016" PRIx64 " shard %u: its load on local rank %u (its fan-out root) "
-                      "failed with %s (that rank's error names the cause); it was not broadcast",
-                      key.block.hi, key.block.lo, key.shard, root, result_name(static_cast<Result>(res)));
-        t->entry_failed(i, static_cast<Result>(res), buf);
-      }
-    }
-    if (opts_.stall_rank == static_cast<int64_t>(rank_) && opts_.stall_turn == turn_no_ && k == 0)
-      r = fail(Result::kTimeout, "UCM_FANOUT_TEST_STALL: this rank stopped calling at turn %" PRIu64, turn_no_);
-    else
-      r = ops.empty() ? Result::kOk : coll_->broadcast(ops.data(), ops.size(), now_ns() + opts_.step_timeout_ns);
-    if (r == Result::kFinalized) return;
-    if (!ok(r)) {
-      give_up("a broadcast round failed: " + last_error());
-      rest(k, "a broadcast round failed");
-      return;
-    }
-    finish_rooted(c);
-    for (size_t o = 0; o < ops.size(); ++o) {
-      if (ops[o].root == rank_) continue;
-      finished[op_entry[o]] = 1;
-      ctr_.bcast_bytes.fetch_add(opts_.shard_bytes, std::memory_order_relaxed);
-      t->entry_ok();
-    }
+  }
+}
+
+Result Fanout::broadcast(const Broadcasts& b, uint32_t k) {
+  if (opts_.stall_rank == static_cast<int64_t>(rank_) && opts_.stall_turn == turn_no_ && k == 0)
+    return fail(Result::kTimeout, "UCM_FANOUT_TEST_STALL: this rank stopped calling at turn %" PRIu64, turn_no_);
+  return b.ops.empty() ? Result::kOk : coll_->broadcast(b.ops.data(), b.ops.size(), now_ns() + opts_.step_timeout_ns);
+}
+
+void Fanout::finish_broadcasts(TaskRun& run, Chunk& c, const Broadcasts& b) {
+  finish_rooted(run, c);
+  for (size_t o = 0; o < b.ops.size(); ++o) {
+    if (b.ops[o].root == rank_) continue;
+    run.finished[b.entry[o]] = 1;
+    ctr_.bcast_bytes.fetch_add(opts_.shard_bytes, std::memory_order_relaxed);
+    run.t->entry_ok();
   }
 }
 

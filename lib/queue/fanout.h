@@ -98,7 +98,26 @@ class Fanout {
 
   void main();
   void run_turn(Turn& turn);
+  struct TaskRun;
+  struct Broadcasts;
+  // A task in chunks; each chunk: its rooted loads, an allgather of their
+  // results, one round of broadcasts. A failed collective hands what is not
+  // yet delivered to fallback().
   void run_task(const std::shared_ptr<Task>& t);
+  // false: the task ends at chunk k (stopping, finalized, or handed to fallback()).
+  bool run_chunk(TaskRun& run, uint32_t k);
+  void start_chunk_of(TaskRun& run, uint32_t k);
+  // This rank's own loads of `c`, finished by their own outcomes.
+  void finish_rooted(TaskRun& run, Chunk& c);
+  // After a give-up at chunk k: rooted entries of chunks k and k+1 keep their
+  // own loads; everything else not finished is copied per rank.
+  void finish_rest(TaskRun& run, uint32_t k, const char* why);
+  [[nodiscard]] Result gather_results(TaskRun& run, Chunk& c);
+  // A broadcast per entry whose root loaded it; an entry whose root's load
+  // failed fails here (on the other ranks; its root finishes it itself).
+  void plan_broadcasts(TaskRun& run, const Chunk& c, Broadcasts* b);
+  [[nodiscard]] Result broadcast(const Broadcasts& b, uint32_t k);
+  void finish_broadcasts(TaskRun& run, Chunk& c, const Broadcasts& b);
   // Loads entries [from, to) of `t` on this rank alone (per-rank copies), and
   // finishes them on `t` with their outcomes.
   void fallback(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& idx, const char* why);

@@ -1,5 +1,6 @@
 // The boot socket with real processes: who gets the fds, who gets nothing,
 // and what a peer sees when local rank 0 dies or lies.
+#include <dirent.h>
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
@@ -406,6 +407,117 @@ TEST(BootSocket, ADescriptorForOtherPlanesIsAMismatchNamingEachField) {
                               "131072"),
             std::string::npos)
       << last_error();
+}
+
+// ---- every refused exchange closes what it received -------------------------
+
+// The fds this process has open (the directory's own fd counts in every call
+// alike).
+size_t open_fd_count() {
+  size_t n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return 0;
+  while (const dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n;
+}
+
+// Grant `seq` whose header says `nfds_field` fds and which carries one memfd
+// `nfds_sent` times (each arrives as a new fd), with `d` as its payload.
+void send_grant_fds(int c, uint64_t nonce, uint32_t seq, const PlaneDescriptor* d, uint32_t nfds_field,
+                    uint32_t nfds_sent, uint64_t magic = kWireMagic) {
+  WireHeader h{magic, kWireVersion, sizeof(WireHeader), nonce, 2, d ? uint32_t{sizeof(*d)} : 0u, nfds_field, seq};
+  uint8_t buf[sizeof(h) + sizeof(PlaneDescriptor)];
+  std::memcpy(buf, &h, sizeof(h));
+  if (d) std::memcpy(buf + sizeof(h), d, sizeof(*d));
+  const int fd = memfd_create("x", MFD_CLOEXEC);
+  std::vector<int> fds(nfds_sent, fd);
+  iovec iov{buf, sizeof(h) + (d ? sizeof(*d) : 0)};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  std::vector<uint8_t> cbuf(CMSG_SPACE(sizeof(int) * fds.size()));
+  if (!fds.empty()) {
+    m.msg_control = cbuf.data();
+    m.msg_controllen = cbuf.size();
+    cmsghdr* cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  }
+  EXPECT_GT(sendmsg(c, &m, MSG_NOSIGNAL), 0) << strerror(errno);
+  close(fd);
+}
+
+// A sound descriptor (`d`'s parameters) announcing `segments` data fds.
+PlaneDescriptor announcing(PlaneDescriptor d, uint32_t segments) {
+  d.segment_count = segments;
+  d.store_fds = 0;
+  d.total_fds = 1 + segments;
+  return d;
+}
+
+// Each way fetch_planes refuses an exchange after fds arrived, in one grant
+// or across two: the fds it received are all closed again, none kept.
+TEST(BootSocket, EveryRefusedExchangeClosesEveryFdItReceived) {
+  Planes p;
+  make_planes(&p, 16, 16 * 4096);
+  const PlaneDescriptor good = describe_planes(p.ctrl, p.dp, p.data);
+  struct Case {
+    const char* name;
+    Result want;
+    const char* says;
+    std::function<void(int, uint64_t)> reply;
+  };
+  const std::vector<Case> cases = {
+      {"rank 0 hangs up after 1 of 3 fds", Result::kPeerDead, "after 1 of 3 fds",
+       [&](int c, uint64_t n) {
+         const PlaneDescriptor d = announcing(good, 2);
+         send_grant_fds(c, n, 0, &d, 1, 1);
+       }},
+      {"more fds than fit: the control message is cut", Result::kCorrupt, "fds lost",
+       [&](int c, uint64_t n) {
+         const PlaneDescriptor d = announcing(good, kMaxFdsPerMessage + 9);
+         send_grant_fds(c, n, 0, &d, kMaxFdsPerMessage + 10, kMaxFdsPerMessage + 10);
+       }},
+      {"the header counts 2 fds, 1 came", Result::kCorrupt, "malformed boot message 0",
+       [&](int c, uint64_t n) {
+         const PlaneDescriptor d = announcing(good, 1);
+         send_grant_fds(c, n, 0, &d, 2, 1);
+       }},
+      {"the descriptor's counts do not add up", Result::kCorrupt, "announces 5 fds for 1 segments",
+       [&](int c, uint64_t n) {
+         PlaneDescriptor d = announcing(good, 1);
+         d.total_fds = 5;
+         send_grant_fds(c, n, 0, &d, 1, 1);
+       }},
+      {"the descriptor's fingerprint is wrong", Result::kCorrupt, "does not match its parameters",
+       [&](int c, uint64_t n) {
+         PlaneDescriptor d = announcing(good, 1);
+         d.ctrl_fingerprint ^= 1;
+         send_grant_fds(c, n, 0, &d, 1, 1);
+       }},
+      {"2 fds where 1 was announced", Result::kCorrupt, "sent 2 fds, 1 were announced",
+       [&](int c, uint64_t n) {
+         const PlaneDescriptor d = announcing(good, 0);
+         send_grant_fds(c, n, 0, &d, 2, 2);
+       }},
+      {"a good first grant, then a bad magic", Result::kCorrupt, "malformed boot message 1",
+       [&](int c, uint64_t n) {
+         const PlaneDescriptor d = announcing(good, 2);
+         send_grant_fds(c, n, 0, &d, 1, 1);
+         send_grant_fds(c, n, 1, nullptr, 1, 1, 0xdeadbeef);
+       }},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const size_t before = open_fd_count();
+    EXPECT_EQ(fetch_from_liar(k.reply), k.want) << last_error();
+    EXPECT_NE(last_error().find(k.says), std::string::npos) << last_error();
+    EXPECT_EQ(open_fd_count(), before) << "fds received from the refused exchange are still open";
+  }
 }
 
 // ---- who serves the socket ------------------------------------------------
