@@ -18,7 +18,7 @@ class ChainWalk : public ::testing::Test {
     // 12 -> 9 -> 3.
     for (uint32_t s : {3u, 9u, 12u}) {
       ASSERT_TRUE(claim_slot(tc_.ctrl, 1, s));
-      install_claimed_slot(tc_.ctrl, s, kB, key(100 + s, 0), State::kReady, 0, false, false);
+      install_claimed_slot(tc_.ctrl, s, kB, key(100 + s, 0), State::kIdle, 0, false, false);
     }
     reset_chain_stats();
   }
