@@ -8,6 +8,7 @@
 #include "api/config.h"
 #include "api/handles.h"
 #include "common/log.h"
+#include "common/small_buffer.h"
 #include "common/trace.h"
 
 namespace {
@@ -29,18 +30,11 @@ void first_repeat(const std::vector<ucm::TaskEntry>& es, size_t* later, size_t* 
     uint32_t index;
   };
   const size_t n = es.size();
-  constexpr size_t kOnStack = 64;
-  HashAt on_stack[kOnStack];
-  std::vector<HashAt> on_heap;
-  HashAt* h = on_stack;
-  if (n > kOnStack) {
-    on_heap.resize(n);
-    h = on_heap.data();
-  }
+  ucm::SmallBuffer<HashAt, 64> h(n);
   for (size_t i = 0; i < n; ++i)
     h[i] = HashAt{ucm::block_hash(es[i].key.block) ^ (uint64_t{es[i].key.shard} * 0x9E3779B97F4A7C15ull),
                   static_cast<uint32_t>(i)};
-  std::sort(h, h + n, [](const HashAt& a, const HashAt& b) { return a.hash != b.hash ? a.hash < b.hash : a.index < b.index; });
+  std::sort(h.data(), h.data() + n, [](const HashAt& a, const HashAt& b) { return a.hash != b.hash ? a.hash < b.hash : a.index < b.index; });
   *later = n;
   for (size_t a = 0; a < n;) {
     size_t b = a + 1;

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "common/log.h"
+#include "common/small_buffer.h"
 #include "common/time.h"
 #include "common/trace.h"
 #include "ctrl/layout.h"
@@ -121,15 +122,7 @@ Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
 bool LoadQueue::run_inline(Task& t) {
   const std::vector<TaskEntry>& es = t.entries();
   const size_t n = es.size();
-  // The slots, on the stack for small tasks (one allocation otherwise).
-  constexpr size_t kOnStack = 64;
-  uint32_t on_stack[kOnStack];
-  std::vector<uint32_t> on_heap;
-  uint32_t* slots = on_stack;
-  if (n > kOnStack) {
-    on_heap.resize(n);
-    slots = on_heap.data();
-  }
+  SmallBuffer<uint32_t, 64> slots(n);  // on the stack for small tasks
   for (size_t i = 0; i < n; ++i) {
     if (cache_->pin_if_ready(es[i].key, &slots[i])) continue;
     // Not a hit: the whole task goes to the dispatcher, which gets every key
