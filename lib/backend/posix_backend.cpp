@@ -284,17 +284,22 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
   cv_.notify_all();
   // Requests still queued get their one completion.
   for (auto& [req, is_load] : queued) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+  // Left behind are the threads inside a request at the deadline (in the
+  // kernel, or about to be). An idle thread holds nothing and only has to be
+  // scheduled to leave, so with none inside a request every thread is joined,
+  // even when the deadline has passed already (finalize's deadline may be
+  // spent by a peer that never came).
   uint32_t left = 0;
   {
     std::unique_lock<std::mutex> lk(mu_);
     const size_t n = threads_.size();
-    while (exited_ < n) {
+    while (exited_ < n && in_request_ > 0) {
       const uint64_t now = now_ns();
       if (now >= deadline_ns) break;
       if (deadline_ns == kNoDeadline) exit_cv_.wait(lk);
       else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
     }
-    left = static_cast<uint32_t>(n - std::min<size_t>(exited_, n));
+    left = in_request_;
   }
   if (left == 0) {
     for (auto& t : threads_) t.join();
@@ -344,6 +349,7 @@ void PosixBackend::worker() {
       if (stopping_) break;
       item = queue_.front();
       queue_.pop_front();
+      ++in_request_;
       if (item.second) {
         ++busy_loads_;
         ++occ_.loads;
@@ -374,6 +380,8 @@ void PosixBackend::worker() {
     // Left behind by shutdown(): whoever gave us the request is gone.
     if (abandoned_) return;
     item.first->done(item.first);
+    std::lock_guard<std::mutex> lk(mu_);
+    --in_request_;
   }
   std::lock_guard<std::mutex> g(mu_);
   ++exited_;
