@@ -11,12 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
 #include "backend/sim_content.h"
-#include "common/test_util.h"
-#include "ctrl/recovery.h"
-#include "device/host_engine.h"
-#include "queue/load_queue.h"
+#include "common/one_rank_queue.h"
 
 namespace ucm {
 namespace {
@@ -27,32 +23,15 @@ constexpr uint32_t kRegular = 16;   // regular slots
 constexpr uint32_t kReserved = 16;  // reserved slots
 constexpr uint32_t kBlocks = 3;     // blocks per task
 
-struct Window {
-  test::TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
+struct Window : test::OneRankQueue {
   std::vector<std::vector<uint8_t>> dst;  // every task's destinations, alive until the end
 
-  void open() {
-    test::make_cache(test::params(kRegular, kReserved, kShard, kSpb, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, CacheOptions{});
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = kShard;
-    ctx.shards_per_block = kSpb;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_host_engine(0);
-  }
+  void open() { open_cache(test::params(kRegular, kReserved, kShard, kSpb, 1)); }
   // A fresh queue (not started yet) on the same cache.
-  void new_queue(bool prealloc) {
-    if (queue) queue->stop();
+  void fresh_queue(bool prealloc) {
     QueueOptions qo;
     qo.prealloc = prealloc;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
+    OneRankQueue::new_queue(qo);
   }
   std::shared_ptr<Task> task(uint64_t first_block, uint32_t n, uint32_t shard) {
     std::vector<TaskEntry> es(n);
@@ -68,12 +47,6 @@ struct Window {
     ASSERT_EQ(t->result(), Result::kOk) << t->error();
     for (const TaskEntry& e : t->entries()) EXPECT_EQ(sim_verify(e.key, e.dst, kShard), kShard);
   }
-  ~Window() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
-  }
 };
 
 struct Counts {
@@ -86,7 +59,7 @@ struct Counts {
 // task 2's shards are the last of their blocks, so nothing follows them.
 Counts two_tasks_in_flight(Window* w, bool prealloc) {
   Counts out;
-  w->new_queue(false);
+  w->fresh_queue(false);
   EXPECT_EQ(w->queue->start(), Result::kOk) << last_error();
   const auto fill = w->task(100, kRegular, kSpb - 1);
   EXPECT_EQ(w->queue->submit(fill), Result::kOk) << last_error();
@@ -94,7 +67,7 @@ Counts two_tasks_in_flight(Window* w, bool prealloc) {
   const RankCounters& c = w->cache->counters();
   const uint64_t made0 = c.prealloc_made.load(), used0 = c.prealloc_used.load(), ev0 = c.evictions.load();
 
-  w->new_queue(prealloc);
+  w->fresh_queue(prealloc);
   const auto t1 = w->task(0, kBlocks, kSpb - 2), t2 = w->task(0, kBlocks, kSpb - 1);
   EXPECT_EQ(w->queue->submit(t1), Result::kOk) << last_error();
   EXPECT_EQ(w->queue->submit(t2), Result::kOk) << last_error();  // pending when t1 is dispatched
