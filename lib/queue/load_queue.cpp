@@ -159,11 +159,6 @@ std::string LoadQueue::key_text(const Key& k) const {
   return buf;
 }
 
-bool LoadQueue::task_pending() {
-  std::lock_guard<std::mutex> g(mu_);
-  return !pending_.empty() || stopping_;
-}
-
 // Without the lock: every entry asks, and stop() sets the flag under it.
 bool LoadQueue::stopping() { return stop_flag_.load(std::memory_order_acquire); }
 
@@ -241,72 +236,92 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     if (!opts_.rotate) wait_legacy_step(*t, entries.size() - (n + 1));
   }
   flush_batch();  // our stride: one lock and one wake for all of it
-  // The peers' strides: a rank that arrives first would otherwise own every
-  // shard its peers have not asked for yet, and the node's loads would run
-  // from one rank. So a peer's entry waits (at most owner_grace) until some
-  // rank loads it; only what nobody took by then is ours to load. While it
-  // waits, the dispatcher sleeps on the node's defer bell, which a rank that
-  // starts serving a key rings when someone defers (ctrl/protect.h).
   std::vector<uint32_t> deferred(order.begin() + static_cast<long>(own), order.end());
+  if (!dispatch_deferred(t, &deferred)) return;
+  if (t->kind() == TaskKind::kLoad && opts_.prealloc) prealloc_next(*t);
+}
+
+// The peers' strides: a rank that arrives first would otherwise own every
+// shard its peers have not asked for yet, and the node's loads would run
+// from one rank. So a peer's entry waits (at most owner_grace) until some
+// rank loads it; only what nobody took by then is ours to load. While it
+// waits, the dispatcher sleeps on the node's defer bell, which a rank that
+// starts serving a key rings when someone defers (ctrl/protect.h).
+bool LoadQueue::dispatch_deferred(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred) {
   const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
-  CtrlGlobals& globals = cache_->ctrl().globals();
-  const uint32_t my_bit = 1u << opts_.local_rank;
-  bool announced = false;
-  uint64_t sleep_cpu0 = 0, sleep_wall0 = 0;  // at the first sleep of this task
-  auto end_deferral = [&] {
-    if (!announced) return;
-    globals.deferring.fetch_and(~my_bit, std::memory_order_relaxed);
-    deferring_.store(false, std::memory_order_relaxed);
-    if (sleep_wall0 != 0) {
-      defer_cpu_ns_.fetch_add(thread_cpu_ns() - sleep_cpu0, std::memory_order_relaxed);
-      defer_wall_ns_.fetch_add(now_ns() - sleep_wall0, std::memory_order_relaxed);
-    }
-  };
-  while (!deferred.empty()) {
+  DeferSpan span;
+  while (!deferred->empty()) {
     const bool expired = now_ns() >= grace_end || stopping();
-    uint32_t bell = 0;
-    if (!expired) {
-      // Announce, then read the bell, then look (protect.h: a peer that
-      // starts serving a key after our look sees the bit and rings).
-      if (!announced) {
-        announced = true;
-        deferring_.store(true, std::memory_order_seq_cst);
-        globals.deferring.fetch_or(my_bit, std::memory_order_seq_cst);
-      }
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      bell = globals.defer_bell.load(std::memory_order_seq_cst);
+    const uint32_t bell = expired ? 0 : defer_announce(&span);
+    const size_t before = deferred->size();
+    if (!dispatch_served(t, deferred, expired)) {
+      defer_end(span);
+      return false;
     }
-    size_t kept = 0;
-    for (size_t n = 0; n < deferred.size(); ++n) {
-      const uint32_t i = deferred[n];
-      if (!expired && !cache_->being_served(entries[i].key)) {
-        deferred[kept++] = i;
-        continue;
-      }
-      if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
-        std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
-        rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
-        end_deferral();
-        flush_batch();
-        return fail_rest(t, rest, 0);
-      }
-    }
-    const bool moved = kept != deferred.size();
-    deferred.resize(kept);
     flush_batch();
-    if (deferred.empty() || expired || moved) continue;
+    if (deferred->empty() || expired || deferred->size() != before) continue;
     // Nothing of the rest is served yet: sleep until a peer serves a key,
     // the grace ends, or the stop check is due (each wait is bounded).
-    if (sleep_wall0 == 0) {
-      sleep_wall0 = now_ns();
-      sleep_cpu0 = thread_cpu_ns();
-    }
-    defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
-    (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
-    if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
+    defer_sleep(&span, bell, grace_end);
   }
-  end_deferral();
-  if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
+  defer_end(span);
+  return true;
+}
+
+bool LoadQueue::dispatch_served(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred, bool expired) {
+  const auto& entries = t->entries();
+  std::vector<uint32_t>& d = *deferred;
+  size_t kept = 0;
+  for (size_t n = 0; n < d.size(); ++n) {
+    const uint32_t i = d[n];
+    if (!expired && !cache_->being_served(entries[i].key)) {
+      d[kept++] = i;
+      continue;
+    }
+    if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
+      std::vector<uint32_t> rest(d.begin(), d.begin() + static_cast<long>(kept));
+      rest.insert(rest.end(), d.begin() + static_cast<long>(n) + 1, d.end());
+      flush_batch();
+      fail_rest(t, rest, 0);
+      return false;
+    }
+  }
+  d.resize(kept);
+  return true;
+}
+
+uint32_t LoadQueue::defer_announce(DeferSpan* span) {
+  // Announce, then read the bell, then look (protect.h: a peer that starts
+  // serving a key after our look sees the bit and rings).
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  if (!span->announced) {
+    span->announced = true;
+    deferring_.store(true, std::memory_order_seq_cst);
+    globals.deferring.fetch_or(1u << opts_.local_rank, std::memory_order_seq_cst);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return globals.defer_bell.load(std::memory_order_seq_cst);
+}
+
+void LoadQueue::defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end) {
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  if (span->wall0 == 0) {  // the first sleep of this task
+    span->wall0 = now_ns();
+    span->cpu0 = thread_cpu_ns();
+  }
+  defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
+  (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
+  if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LoadQueue::defer_end(const DeferSpan& span) {
+  if (!span.announced) return;
+  cache_->ctrl().globals().deferring.fetch_and(~(1u << opts_.local_rank), std::memory_order_relaxed);
+  deferring_.store(false, std::memory_order_relaxed);
+  if (span.wall0 != 0) {
+    defer_cpu_ns_.fetch_add(thread_cpu_ns() - span.cpu0, std::memory_order_relaxed);
+    defer_wall_ns_.fetch_add(now_ns() - span.wall0, std::memory_order_relaxed);
+  }
 }
 
 void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
@@ -383,10 +398,13 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
   return true;
 }
 
-void LoadQueue::idle_prealloc(const Task& t) {
+void LoadQueue::prealloc_next(const Task& t) {
+  // One pass over the task's entries, also when the next task is already
+  // pending (a pipeline window): its delay is bounded by the pass, each
+  // prealloc() a try-lock and a bounded sweep of the reserved pool.
   const uint32_t spb = cache_->ctrl().shards_per_block();
   for (const TaskEntry& e : t.entries()) {
-    if (task_pending()) return;  // a task arrived: the idle window is over
+    if (stopping()) return;
     if (e.key.shard + 1 >= spb) continue;
     Key next = e.key;
     next.shard += 1;

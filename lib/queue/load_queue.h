@@ -24,9 +24,9 @@
 // starts serving a key while someone defers (ctrl/protect.h), never in naps. It calls get() on each: a hit goes to the copier; as owner it pins the slot once more
 // for the backend I/O, submits the load (at most io_depth in flight) and hands
 // the entry to the copier; as waiter it hands it over at once. It never waits
-// for another rank. When everything of a load task is handed over and no task
-// is pending, it preallocates (block, shard + 1) for the task's blocks, and
-// stops the moment a task arrives.
+// for another rank. When everything of a load task is handed over, it
+// preallocates (block, shard + 1) for the task's blocks in one bounded pass,
+// also when the next task is already pending (a pipeline window).
 //
 // Dumps. A dump says OK only once the key's bytes are in the store (the
 // slot's stored word, layout.h). An owner entry is copied into its slot, made
@@ -165,6 +165,22 @@ class LoadQueue {
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);
+  // The peers' strides of t (dispatch): false when the queue stopped (every
+  // entry not yet dispatched is failed).
+  bool dispatch_deferred(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred);
+  // One look at the deferred entries: dispatches those some rank serves (every
+  // one once the grace has expired) and keeps the rest; false when stopped.
+  bool dispatch_served(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred, bool expired);
+  // One task's deferral: announced on the node's deferring mask, and the span
+  // of its sleeps (for DeferStats).
+  struct DeferSpan {
+    bool announced = false;
+    uint64_t cpu0 = 0, wall0 = 0;  // at the first sleep
+  };
+  // Announces the deferral (once) and reads the defer bell to sleep on.
+  uint32_t defer_announce(DeferSpan* span);
+  void defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end);
+  void defer_end(const DeferSpan& span);
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
   void fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from);
@@ -173,8 +189,9 @@ class LoadQueue {
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
   void start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
-  void idle_prealloc(const Task& t);
-  bool task_pending();
+  // Preallocates (block, shard + 1) for t's entries: one bounded pass, run
+  // whether or not the next task is pending (docs/design.md, "Prealloc").
+  void prealloc_next(const Task& t);
   bool stopping();
   // Hands the dispatcher's batch to the copier: one lock, one wake.
   void flush_batch();
