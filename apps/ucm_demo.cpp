@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "demo_bound.h"
+#include "demo_kv.h"
 #include "ucmcache/ucm.h"
 
 namespace {
@@ -131,6 +132,11 @@ bool parse(int argc, char** argv, Options* o) {
                          "0 <= raw-passes <= 100; one-rank-loads >= 0)\n");
     return false;
   }
+  if (uint64_t(o->layers) > ucm_demo::kMaxKvLayers) {
+    std::fprintf(stderr, "ucm_demo: --layers %d: at most %" PRIu64 " (the KV content tells that many layers apart)\n",
+                 o->layers, ucm_demo::kMaxKvLayers);
+    return false;
+  }
   if (o->window < 1) {
     std::fprintf(stderr, "ucm_demo: --window %d: at least 1 (1: each layer's task is submitted, waited for and "
                          "verified before the next)\n", o->window);
@@ -162,34 +168,12 @@ bool parse(int argc, char** argv, Options* o) {
   return true;
 }
 
-// The engine's KV content: a function of (block, layer, offset), so any rank
-// can verify what it got. Blocks 0..hot-1 are a shared prefix.
-uint64_t kv_word(uint64_t block, uint32_t layer, uint64_t i) {
-  uint64_t z = block * 0x9E3779B97F4A7C15ull ^ (uint64_t{layer} << 48) ^ (i * 0xBF58476D1CE4E5B9ull);
-  z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 29);
-}
-
-void fill_kv(uint64_t block, uint32_t layer, uint8_t* p, uint64_t bytes) {
-  for (uint64_t i = 0; i < bytes / 8; ++i) {
-    const uint64_t w = kv_word(block, layer, i);
-    std::memcpy(p + 8 * i, &w, 8);
-  }
-}
-
-bool check_kv(uint64_t block, uint32_t layer, const uint8_t* p, uint64_t bytes) {
-  for (uint64_t i = 0; i < bytes / 8; ++i) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * i, 8);
-    if (w != kv_word(block, layer, i)) return false;
-  }
-  return true;
-}
-
+// The engine's KV content (demo_kv.h): a function of (block, layer, offset),
+// so any rank can verify what it got. Blocks 0..hot-1 are a shared prefix.
 ucm_block_t block_id(uint64_t prompt) {
   // A block id is a hash of the tokens; here, of the prompt number.
   ucm_block_t b;
-  const uint64_t lo = kv_word(prompt, 0xffff, 1), hi = kv_word(prompt, 0xfffe, 2);
+  const uint64_t lo = ucm_demo::block_id_word(prompt, 0), hi = ucm_demo::block_id_word(prompt, 1);
   std::memcpy(b.bytes, &lo, 8);
   std::memcpy(b.bytes + 8, &hi, 8);
   return b;
@@ -346,11 +330,12 @@ int main(int argc, char** argv) {
   // loads the task at position pos (step * layers + layer) into part pos % kv_layers.
   const size_t part_bytes = static_cast<size_t>(o.prompts) * shard;
   std::vector<uint8_t> kv(static_cast<size_t>(o.kv_layers) * part_bytes);
+  const ucm_demo::KvPattern pattern(shard);
   const auto t_prefill = std::chrono::steady_clock::now();
   for (int layer = 0; layer < o.layers && !o.decode_only; ++layer) {
     std::vector<ucm_dump_entry_t> es(o.prompts);
     for (int p = 0; p < o.prompts; ++p) {
-      fill_kv(p, layer, kv.data() + p * shard, shard);
+      pattern.fill(p, layer, kv.data() + p * shard);
       es[p].key.block = block_id(p);
       es[p].key.shard = static_cast<uint32_t>(layer);
       es[p].key.reserved = 0;
@@ -450,7 +435,7 @@ int main(int argc, char** argv) {
     const auto t_verify = std::chrono::steady_clock::now();
     const uint64_t cpu0 = thread_cpu_ns();
     for (int p = 0; p < o.prompts; ++p)
-      if (!check_kv(p, static_cast<uint32_t>(layer), part(pos) + p * shard, shard)) ++bad;
+      if (!pattern.check(p, layer, part(pos) + p * shard)) ++bad;
     if (clear) std::memset(part(pos), 0, part_bytes);
     verify_cpu_ns += thread_cpu_ns() - cpu0;
     verify_s += seconds_since(t_verify);

@@ -97,6 +97,7 @@ refused "--window 3 is larger than the KV buffer allows: --kv-layers 2" --window
 refused "--kv-layers -1: at least 1" --kv-layers -1
 refused "--window 100000: at most 256" --window 100000
 refused "--decode-only needs the store" --decode-only
+refused "--layers 65537: at most 65536" --layers 65537
 echo "bad options: refused, each naming its value"
 
 # ---- a corrupt shard in the store: reported, counted, exit non-zero --------
