@@ -17,6 +17,11 @@
 //                machine that other work shares), so the bound errs towards
 //                asking more of the demo, never less.
 //   achievable   min loads x shard bytes / raw rate.
+//   cpu bound    the copies every rank must make into its KV buffer (each
+//                shard it asks for, once), the node's over min(local ranks,
+//                cpus) cores at the memcpy rate measured on that many threads
+//                in the same run (memcpy_rate). The larger of the two bounds
+//                is the binding one (Bounds).
 //
 // Header-only, no ucmcache internals: the demo uses the public API only, and
 // tests/bench/demo_bound_test.cpp checks belady_min on sequences whose MIN is
@@ -37,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <set>
 #include <string>
 #include <thread>
@@ -257,6 +263,88 @@ inline RawRead raw_read_best(const std::vector<std::string>& paths, uint64_t chu
   best.tried = tried;
   return best;
 }
+
+// ---- the cpu bound --------------------------------------------------------
+// What the cpus allow, beside what the store allows: each rank must copy every
+// shard it asks for into its KV buffer (the copy an engine cannot skip; the
+// demo's verification and the store's checksums are extra work on top). The
+// node's copies run on at most min(local ranks, cpus) cores at once, so
+//   cpu bound = local ranks x bytes per rank / memcpy rate on that many cores,
+// the rate measured here: `threads` threads at once, each copying a buffer of
+// `bytes` (larger than the last-level cache: memory speed, as the copies from
+// the cache's data plane are) into another, at least `passes` passes and
+// `min_seconds`; the best pass (all threads' bytes over the slowest thread's
+// time), the least disturbed one, so the bound errs towards asking more.
+struct CopyRate {
+  double best_bytes_per_s = 0;    // every thread together
+  double median_bytes_per_s = 0;
+  uint64_t bytes_per_thread = 0;
+  uint32_t threads = 0;
+  int passes = 0;
+  std::string error;  // not empty: nothing measured, and why
+};
+
+inline CopyRate memcpy_rate(uint32_t threads, uint64_t bytes, int passes, double min_seconds = 0) {
+  CopyRate out;
+  out.threads = threads = std::max<uint32_t>(threads, 1);
+  out.bytes_per_thread = bytes = std::max<uint64_t>(bytes, 4096);
+  std::vector<std::vector<uint8_t>> src(threads), dst(threads);
+  try {
+    for (uint32_t t = 0; t < threads; ++t) {
+      src[t].assign(bytes, uint8_t(t + 1));  // written once: no page is faulted in a timed pass
+      dst[t].assign(bytes, 0);
+    }
+  } catch (const std::bad_alloc&) {
+    out.error = "out of memory for the copy buffers";
+    return out;
+  }
+  std::atomic<bool> more{true};
+  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
+  auto worker = [&](uint32_t t) {
+    for (;;) {
+      sync.arrive_and_wait();
+      if (!more.load()) return;
+      std::memcpy(dst[t].data(), src[t].data(), bytes);
+      sync.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
+  std::vector<double> rates;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
+    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (pass >= passes && so_far >= min_seconds) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    sync.arrive_and_wait();  // start
+    sync.arrive_and_wait();  // every thread done
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) rates.push_back(double(bytes) * threads / s);
+  }
+  more.store(false);
+  sync.arrive_and_wait();
+  for (auto& t : ts) t.join();
+  if (rates.empty()) {
+    out.error = "no pass timed";
+    return out;
+  }
+  for (uint32_t t = 0; t < threads; ++t)
+    if (dst[t][bytes - 1] != uint8_t(t + 1)) out.error = "a copy did not land";  // nor can the compiler drop it
+  if (!out.error.empty()) return out;
+  out.passes = static_cast<int>(rates.size());
+  std::sort(rates.begin(), rates.end());
+  out.best_bytes_per_s = rates.back();
+  out.median_bytes_per_s = rates[rates.size() / 2];
+  return out;
+}
+
+// The two bounds side by side: which one the decode cannot beat.
+struct Bounds {
+  double store_s = 0;  // achievable: the store's (fewest loads at the raw read rate)
+  double cpu_s = 0;    // the copies' (cpu bound above)
+  double binding_s() const { return std::max(store_s, cpu_s); }
+  const char* binding() const { return cpu_s > store_s ? "cpu" : "store"; }
+};
 
 // ---- the decode pipeline ------------------------------------------------------
 // ucm_demo's decode runs positions pos = step * layers + layer in order, with

@@ -1,8 +1,8 @@
 // ucm_demo's bound (apps/demo_bound.h): Belady's MIN on sequences whose answer
-// is known, against an exhaustive search of every eviction choice, and the raw
-// read of store files (what it reads, not how fast); and its KV content
-// (apps/demo_kv.h): the check catches every wrong byte, a shard of another
-// key, layer or offset.
+// is known, against an exhaustive search of every eviction choice, the raw
+// read of store files and the memcpy rate (what they read and copy, not how
+// fast); and its KV content (apps/demo_kv.h): the check catches every wrong
+// byte, a shard of another key, layer or offset.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -250,6 +250,32 @@ TEST(KvContent, WordsAreDistinctAcrossBlocksLayersAndOffsets) {
   std::sort(words.begin(), words.end());
   EXPECT_EQ(std::adjacent_find(words.begin(), words.end()), words.end());
   for (uint64_t b = 0; b < 4096; ++b) EXPECT_NE(ucm_demo::block_id_word(b, 0), ucm_demo::block_id_word(b, 1));
+}
+
+// The cpu bound's memcpy rate: every thread copies, every pass is counted,
+// and nothing is claimed when no pass ran (never how fast).
+TEST(DemoBound, MemcpyRateCopiesOnEveryThreadAndSaysWhatItMeasured) {
+  const ucm_demo::CopyRate r = ucm_demo::memcpy_rate(2, 1 << 20, 3);
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.threads, 2u);
+  EXPECT_EQ(r.bytes_per_thread, uint64_t{1} << 20);
+  EXPECT_EQ(r.passes, 3);
+  EXPECT_GT(r.median_bytes_per_s, 0);
+  EXPECT_GE(r.best_bytes_per_s, r.median_bytes_per_s);
+  const ucm_demo::CopyRate none = ucm_demo::memcpy_rate(1, 4096, 0);
+  EXPECT_EQ(none.error, "no pass timed");
+  EXPECT_EQ(none.passes, 0);
+}
+
+TEST(DemoBound, TheLargerBoundIsTheBindingOne) {
+  ucm_demo::Bounds b;
+  b.store_s = 0.2;
+  b.cpu_s = 0.1;
+  EXPECT_STREQ(b.binding(), "store");
+  EXPECT_EQ(b.binding_s(), 0.2);
+  b.cpu_s = 0.3;
+  EXPECT_STREQ(b.binding(), "cpu");
+  EXPECT_EQ(b.binding_s(), 0.3);
 }
 
 }  // namespace
