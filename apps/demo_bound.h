@@ -125,6 +125,46 @@ struct RawRead {
 // chunks from one shared counter, so the threads keep as many reads in flight
 // as the store's I/O threads would.
 constexpr int kMaxRawPasses = 1000;
+
+// Runs work(t) on `threads` threads at once, pass after pass: at least
+// `passes` of them and until `min_seconds` have passed (at most
+// kMaxRawPasses), or until stop() says so after a pass. reset() runs before
+// each pass; each pass's rate is bytes() (read after it) over its time, from
+// its start to the last thread's end.
+template <class Work, class Reset, class Bytes, class Stop>
+std::vector<double> timed_passes(uint32_t threads, int passes, double min_seconds, Work&& work, Reset&& reset,
+                                 Bytes&& bytes, Stop&& stop) {
+  std::atomic<bool> more{true};
+  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
+  auto worker = [&](uint32_t t) {
+    for (;;) {
+      sync.arrive_and_wait();
+      if (!more.load()) return;
+      work(t);
+      sync.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
+  std::vector<double> rates;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
+    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (pass >= passes && so_far >= min_seconds) break;
+    reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    sync.arrive_and_wait();  // start
+    sync.arrive_and_wait();  // every thread done
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) rates.push_back(double(bytes()) / s);
+    if (stop()) break;
+  }
+  more.store(false);
+  sync.arrive_and_wait();  // the workers see `more` and return
+  for (auto& t : ts) t.join();
+  return rates;
+}
+
 inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chunk, uint32_t threads, int passes,
                              uint64_t max_bytes, double min_seconds = 0) {
   RawRead out;
@@ -183,45 +223,25 @@ inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chu
   std::atomic<int> read_error{0};
   std::atomic<size_t> cursor{0};
   std::atomic<uint64_t> got{0};
-  std::atomic<bool> more{true};
-  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
-  auto worker = [&](uint32_t t) {
-    for (;;) {
-      sync.arrive_and_wait();
-      if (!more.load()) return;
-      for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < pieces.size();) {
-        ssize_t n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
-        if (n < 0 && errno == EINVAL) {
-          direct_refused.store(true);
-          const int fl = fcntl(pieces[i].fd, F_GETFL);
-          if (fl >= 0) (void)fcntl(pieces[i].fd, F_SETFL, fl & ~O_DIRECT);
-          n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
-        }
-        if (n < 0) read_error.store(errno);
-        else got.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  auto work = [&](uint32_t t) {
+    for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < pieces.size();) {
+      ssize_t n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
+      if (n < 0 && errno == EINVAL) {
+        direct_refused.store(true);
+        const int fl = fcntl(pieces[i].fd, F_GETFL);
+        if (fl >= 0) (void)fcntl(pieces[i].fd, F_SETFL, fl & ~O_DIRECT);
+        n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
       }
-      sync.arrive_and_wait();
+      if (n < 0) read_error.store(errno);
+      else got.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     }
   };
-  std::vector<std::thread> ts;
-  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
-  std::vector<double> rates;
-  const auto start = std::chrono::steady_clock::now();
-  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
-    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass >= passes && so_far >= min_seconds) break;
+  auto reset = [&] {
     cursor.store(0);
     got.store(0);
-    const auto t0 = std::chrono::steady_clock::now();
-    sync.arrive_and_wait();  // start
-    sync.arrive_and_wait();  // every thread done
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) rates.push_back(double(got.load()) / s);
-    if (read_error.load() != 0) break;
-  }
-  more.store(false);
-  sync.arrive_and_wait();  // the workers see `more` and return
-  for (auto& t : ts) t.join();
+  };
+  std::vector<double> rates = timed_passes(
+      threads, passes, min_seconds, work, reset, [&] { return got.load(); }, [&] { return read_error.load() != 0; });
   for (void* b : bufs) std::free(b);
   close_all();
   if (direct_refused.load()) out.direct = false;
@@ -298,32 +318,9 @@ inline CopyRate memcpy_rate(uint32_t threads, uint64_t bytes, int passes, double
     out.error = "out of memory for the copy buffers";
     return out;
   }
-  std::atomic<bool> more{true};
-  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
-  auto worker = [&](uint32_t t) {
-    for (;;) {
-      sync.arrive_and_wait();
-      if (!more.load()) return;
-      std::memcpy(dst[t].data(), src[t].data(), bytes);
-      sync.arrive_and_wait();
-    }
-  };
-  std::vector<std::thread> ts;
-  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
-  std::vector<double> rates;
-  const auto start = std::chrono::steady_clock::now();
-  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
-    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass >= passes && so_far >= min_seconds) break;
-    const auto t0 = std::chrono::steady_clock::now();
-    sync.arrive_and_wait();  // start
-    sync.arrive_and_wait();  // every thread done
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) rates.push_back(double(bytes) * threads / s);
-  }
-  more.store(false);
-  sync.arrive_and_wait();
-  for (auto& t : ts) t.join();
+  std::vector<double> rates = timed_passes(
+      threads, passes, min_seconds, [&](uint32_t t) { std::memcpy(dst[t].data(), src[t].data(), bytes); }, [] {},
+      [&] { return bytes * threads; }, [] { return false; });
   if (rates.empty()) {
     out.error = "no pass timed";
     return out;
