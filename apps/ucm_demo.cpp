@@ -336,6 +336,9 @@ int main(int argc, char** argv) {
   info.struct_bytes = sizeof(info);
   (void)ucm_cache_info(cache, &info);
   const uint64_t shard = cfg.shard_bytes;
+  // Collective (the node's ranks): here, not where rank 0 measures the bound
+  // and the others must nap rather than poll in MPI.
+  const int cpus = usable_cpus();
   if (rank == 0)
     std::printf("ucm_demo: %d ranks (%d per node, %d nodes), %d prompts x %d layers x %" PRIu64
                 " KiB = %.1f MiB of KV, cache %.1f MiB per node, store %s, copy engine %s\n",
@@ -495,7 +498,6 @@ int main(int argc, char** argv) {
   }
   // The cpu bound's memcpy rate, on as many threads as the node's copies can
   // use cores at once (min(local ranks, cpus)), the others still asleep.
-  const int cpus = usable_cpus();
   const int copy_cores = std::min(info.local_size, cpus);
   ucm_demo::CopyRate copy;
   if (rank == 0) {
