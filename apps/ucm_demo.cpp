@@ -637,7 +637,7 @@ int main(int argc, char** argv) {
     }
     if (copy_known) {
       std::printf("  bound, cpu: each rank copies %.1f MiB into its KV buffer, the node %.1f MiB, at memcpy %.2f GB/s "
-                  "on %u threads (%.2f GB/s per core; best of %d passes, median %.2f GB/s): %.3f s\n",
+                  "on %u threads (%.2f GB/s per core: each thread's best copy in %d passes; median pass %.2f GB/s): %.3f s\n",
                   double(copy_bytes_rank) / (1 << 20), double(copy_bytes_rank) * info.local_size / (1 << 20),
                   copy.best_bytes_per_s / 1e9, copy.threads, copy.best_bytes_per_s / 1e9 / copy.threads, copy.passes,
                   copy.median_bytes_per_s / 1e9, bounds.cpu_s);
