@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """No function in lib/ is over 60 lines (signature line through closing brace).
 
-The project's rule (docs/design.md, "The house"), as a build fact: every
+The project's rule (docs/design.md, section 3), as a build fact: every
 function definition under lib/ (.cpp and .h) is found and measured from the
 first line of its signature (after any `template <...>` line) through its
 closing brace; one over the limit fails the test, named by file:line, name and
@@ -333,10 +333,8 @@ def scan_tree(root, max_lines):
             except ScanError as e:
                 errors.append("%s: the scanner cannot follow it: %s" % (rel, e))
                 continue
-            for name, line, n in fns:
-                if n > max_lines:
-                    over.append("%s:%d %s (%d lines)" % (rel, line, name, n))
-    return sorted(over), errors
+            over += [(rel, line, name, n) for name, line, n in fns if n > max_lines]
+    return ["%s:%d %s (%d lines)" % o for o in sorted(over)], errors
 
 
 # ---- the scanner's own cases ---------------------------------------------------
