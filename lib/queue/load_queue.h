@@ -222,6 +222,44 @@ class LoadQueue {
   void record_done(const Task& t);
   std::string key_text(const Key& k) const;
 
+  // The copier's loop, piece by piece (copier_main). Moves the handed-over
+  // entries into *waiting, first waiting for some when none waits (false:
+  // stopping and drained).
+  bool take_items(std::vector<Item>* waiting);
+  void wait_for_items(std::unique_lock<std::mutex>& lk);
+  // One look at every waiting entry; true when any of them moved.
+  bool serve_round(std::vector<Item>* waiting);
+  // Sleeps on the doorbell until a waiting entry's word may have changed.
+  void sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, std::vector<uint32_t>* slots,
+                        std::vector<uint32_t>* words);
+  // A load entry's look at its slot (process): Ready (copy it), waiting with
+  // the copier's other entries (it.word set), or ended (failed).
+  enum class Look : uint8_t { kReady, kWaiting, kEnded };
+  Look await_ready(Item& it, uint32_t* w);
+  // The slot is Failed or has no owner: get the key again (its load was
+  // abandoned) or take the load over; false when the entry failed.
+  bool retry_load(Item& it, uint32_t* w);
+  // Idle with an owner: kWaiting, or the deadline's outcome.
+  Look owner_filling(Item& it, uint32_t* w);
+  // Queues the Ready slot's copy to the caller's buffer (flush_copies starts it).
+  void start_copy(Item& it);
+  // on_io_done's pieces: takes io off the live list (true: it had expired,
+  // and its completion is late); a late one only drops its pin.
+  bool untrack_io(Io* io);
+  void drop_late(Io* io);
+  void load_done(Io& io);
+
+  // The dump path (dump_path.cpp), with write_dump, start_write,
+  // process_dump and dump_ready above. The store's completion of a write-through:
+  void write_done(Io& io);
+  // This rank owns the entry's slot: fill it from the caller's bytes and
+  // write them through (the entry completes with the write).
+  void dump_as_owner(Item& it);
+  // Waits for the write-through in flight (stored word sw) to end and
+  // completes the entry with its outcome: true; false when its writer died
+  // first (the write is to be claimed again).
+  bool await_write(Item& it, uint32_t sw, uint64_t started);
+
   CacheBuffer* cache_;
   Backend* backend_;
   CopyEngine* engine_;
