@@ -354,11 +354,18 @@ PY
   done
 }
 
+# scalebench LOG MODE [ARG...]: one repetition of ucm_scalebench --mode MODE
+# (its tiny --quick sizes at the smoke size), through run LOG.
+scalebench() {
+  local log=$1 args=(--mode "$2" --reps 1); shift 2
+  [[ $SIZE == smoke ]] && args+=(--quick)
+  run "$log" "$BUILD/bench/ucm_scalebench" "${args[@]}" "$@"
+}
+
 # ---- mode miss: the slowest miss after a fill (goal 4) ----------------------
 mode_miss() {
-  local rep=$1 args=(--mode miss --reps 1)
-  [[ $SIZE == smoke ]] && args+=(--quick)
-  run "miss-rep$rep" "$BUILD/bench/ucm_scalebench" "${args[@]}"
+  local rep=$1
+  scalebench "miss-rep$rep" miss
   parse miss "$rep" "miss-rep$rep" <<'PY'
 slots = need(r"^miss after fill, (\d+) slots", "header")[1]
 emit("slowest / median miss after a fill, %s slots" % slots,
@@ -397,11 +404,10 @@ restore_hugepages() {
 }
 trap restore_hugepages EXIT
 mode_hit4k512k() {
-  local rep=$1 slots args=(--mode hit --reps 1)
-  [[ $SIZE == smoke ]] && args+=(--quick)
+  local rep=$1 slots
   reserve_hugepages
   for slots in $HIT_SLOTS; do
-    run "hit-s$slots-rep$rep" "$BUILD/bench/ucm_scalebench" "${args[@]}" --slots "$slots"
+    scalebench "hit-s$slots-rep$rep" hit --slots "$slots"
     parse hit4k512k "$rep" "hit-s$slots-rep$rep" <<'PY'
 rows = re.findall(r"^\s*control on (.+?)\s+overhead (\d+) slots -?[\d.]+ ns, (\d+) slots -?[\d.]+ ns: "
                   r"large/small (-?[\d.]+) \(range [^)]*\); memcpy alone grows (-?[\d.]+)(.*)$", text, re.M)
@@ -420,9 +426,8 @@ PY
 
 # ---- mode fill: a fresh cache's first fill against a warm one (goal 6) ------
 mode_fill() {
-  local rep=$1 args=(--mode fill --reps 1)
-  [[ $SIZE == smoke ]] && args+=(--quick)
-  run "fill-rep$rep" "$BUILD/bench/ucm_scalebench" "${args[@]}"
+  local rep=$1
+  scalebench "fill-rep$rep" fill
   parse fill "$rep" "fill-rep$rep" <<'PY'
 p = need(r"populated at init \((\d+) threads, ([\d.]+) s of ([\d.]+) s create\): fresh/warm ([\d.]+)", "populated line")
 emit("first fill fresh / warm, populated at init", p[4], "<= 1.1")

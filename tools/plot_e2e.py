@@ -9,7 +9,7 @@ repetitions) and writes, for the modes that ran:
                                  4 ranks with the protection, 4 ranks without
   OUTDIR/plots/drift_owners.svg  owner loads max/min across the 4 ranks
                                  against the same drift (a median of "inf",
-                                 a rank that owned none, is left out)
+                                 a rank that owned none, is a gap marked inf)
   OUTDIR/plots/hit_slots.svg     the per-shard hit overhead above memcpy at N
                                  slots over the same at 4k slots, against N
                                  (log scale), per kind of control page, beside
@@ -27,8 +27,9 @@ import sys
 from xml.sax.saxutils import escape
 
 W, H = 640, 400
-LEFT, RIGHT, TOP, BOTTOM = 70, 190, 40, 55
+LEFT, RIGHT, TOP, BOTTOM = 70, 190, 52, 55
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+DASHES = ["", "7 4", "2 3", "10 3 2 3"]  # so that curves on top of each other still show
 
 
 def finite(x):
@@ -40,9 +41,10 @@ def series(ratios, mode, pattern, label, x):
     out = {}
     for r in ratios:
         m = re.fullmatch(pattern, r["metric"]) if r["mode"] == mode else None
-        if m and finite(r["median"]) is not None:
-            out.setdefault(label(m), []).append((x(m), r["median"], finite(r["min"]), finite(r["max"])))
-    return {k: sorted(v) for k, v in out.items()}
+        if m and r["median"] is not None:
+            # A median that is no number ("inf": a rank owned none) is a gap in the curve.
+            out.setdefault(label(m), []).append((x(m), finite(r["median"]), finite(r["min"]), finite(r["max"])))
+    return {k: sorted(v, key=lambda p: p[0]) for k, v in out.items()}
 
 
 def nice_ticks(lo, hi, n=5):
@@ -68,7 +70,7 @@ def label_num(v):
 def chart(title, xlabel, ylabel, data, goal=None, logx=False, note=None):
     """One SVG line chart: data is {label: [(x, median, min, max)]}."""
     xs = sorted({p[0] for pts in data.values() for p in pts})
-    ys = [v for pts in data.values() for p in pts for v in p[1:] if v is not None]
+    ys = [v for pts in data.values() for p in pts for v in p[1:] if v is not None] or [1.0]
     if goal is not None:
         ys.append(goal[0])
     ylo, yhi = min(0.0, min(ys)), max(ys) * 1.1 if max(ys) > 0 else 1.0
@@ -103,16 +105,26 @@ def chart(title, xlabel, ylabel, data, goal=None, logx=False, note=None):
                  % (LEFT, y, LEFT + pw, y))
         e.append('<text x="%d" y="%.1f" font-size="10">%s</text>' % (LEFT + 4, y - 4, escape(goal[1])))
     for i, (name, pts) in enumerate(sorted(data.items())):
-        c = COLORS[i % len(COLORS)]
-        e.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>'
-                 % (c, " ".join("%.1f,%.1f" % (px(x), py(m)) for x, m, _, _ in pts)))
+        c, dash = COLORS[i % len(COLORS)], DASHES[i % len(DASHES)]
+        style = 'fill="none" stroke="%s" stroke-width="2"%s' % (c, ' stroke-dasharray="%s"' % dash if dash else "")
+        runs, cur = [], []
+        for x, m, _, _ in pts:  # a gap (no number) ends a run of the curve
+            if m is None:
+                runs, cur = runs + [cur], []
+            else:
+                cur.append("%.1f,%.1f" % (px(x), py(m)))
+        for run in runs + [cur]:
+            if run:
+                e.append('<polyline %s points="%s"/>' % (style, " ".join(run)))
         for x, m, lo, hi in pts:
+            if m is None:
+                e.append('<text x="%.1f" y="%d" text-anchor="middle" fill="%s">inf</text>' % (px(x), TOP - 3 - 11 * i, c))
+                continue
             if lo is not None and hi is not None:
                 e.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>' % (px(x), py(lo), px(x), py(hi), c))
-            e.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (px(x), py(m), c))
+            e.append('<circle cx="%.1f" cy="%.1f" r="%d" fill="%s"/>' % (px(x), py(m), 4 - i % 3, c))
         ly = TOP + 10 + 18 * i
-        e.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/>'
-                 % (LEFT + pw + 10, ly, LEFT + pw + 28, ly, c))
+        e.append('<line x1="%d" y1="%d" x2="%d" y2="%d" %s/>' % (LEFT + pw + 10, ly, LEFT + pw + 28, ly, style))
         e.append('<text x="%d" y="%d">%s</text>' % (LEFT + pw + 32, ly + 4, escape(name)))
     if note:
         e.append('<text x="%d" y="%d" font-size="10" fill="#555">%s</text>' % (LEFT + pw + 10, TOP + ph, escape(note)))
@@ -125,19 +137,19 @@ def plots(ratios, machine):
     out = []
     size = next((l for l in machine if l.startswith("drift lags:")), "")
     cache = re.search(r"cache (\d+) tasks", size)
-    cache = " on a cache of %s tasks" % cache[1] if cache else ""
+    xlabel = "lag of the slow rank (tasks)" + ("; the cache holds %s tasks" % cache[1] if cache else "")
     lag = lambda m: int(m[2])
     d = series(ratios, "drift", r"loads per unique shard, (.+), lag (\d+) tasks", lambda m: m[1], lag)
     if d:
-        out.append(("drift.svg", chart("Loads per unique shard against rank drift" + cache,
-                                       "lag of the slow rank (tasks)", "backend loads per unique shard", d,
+        out.append(("drift.svg", chart("Loads per unique shard against rank drift", xlabel,
+                                       "backend loads per unique shard", d,
                                        note="median, bar: range")))
     d = series(ratios, "drift", r"owner loads max/min, (.+), lag (\d+) tasks", lambda m: "4 ranks, " + m[1], lag)
     if d:
-        out.append(("drift_owners.svg", chart("Owner loads max/min across 4 ranks against rank drift" + cache,
-                                              "lag of the slow rank (tasks)", "owner loads, max/min", d,
+        out.append(("drift_owners.svg", chart("Owner loads max/min across 4 ranks against rank drift", xlabel,
+                                              "owner loads, max/min", d,
                                               goal=(1.5, "goal: 1.5 (with protection)"),
-                                              note="a rank owning none: left out")))
+                                              note="inf: a rank owned none")))
     d = series(ratios, "hit4k512k", r"hit overhead above memcpy, (.+), (\d+) slots / (\d+) slots",
                lambda m: m[1], lambda m: (int(m[2]), int(m[3])))
     mc = series(ratios, "hit4k512k", r"memcpy alone, (\d+) slots / (\d+) slots, beside 4 KiB pages",
