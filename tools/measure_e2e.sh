@@ -14,12 +14,16 @@
 #   E2E_SIZE=smoke E2E_REPS=1 tools/measure_e2e.sh /tmp/e2e   # the smallest sizes: checks it works
 #   E2E_MODES="drift miss" tools/measure_e2e.sh /tmp/e2e      # some modes only
 #
-# How long: E2E_SIZE=full E2E_REPS=5 takes about 12 minutes of runs on a
-# quiet 2-core VM (plus the build: a few minutes cold, seconds warm); on the
-# loaded 2-core VM one rep of every mode took about 150 s (cachebench 42 s,
-# hit4k512k 55 s, the rest 5-13 s each). E2E_SIZE=smoke E2E_REPS=1 runs
-# every mode in well under 2 minutes. Suite `bench` runs the smoke size of
-# most modes through test e2e-smoke (tests/bench/e2e_smoke.sh), checking
+# How long: E2E_SIZE=full E2E_REPS=5 takes about 10 minutes of runs on the
+# 2-core VM, plus the build (a few minutes cold, seconds warm). Measured
+# mode by mode in a release build at load average 13-15 (session 7), one rep
+# of every mode took about 112 s: cachebench 40 s (fixed by its own --ms and
+# --reps), hit4k512k 34, demo 11, drift 9, taskcost 8, fill 6, miss 2,
+# finalize 1, defer 0.5; a quiet machine takes less. E2E_SIZE=smoke
+# E2E_REPS=1 runs every mode in about 30 s (on an existing build). Suite
+# `bench` runs the smoke size of the modes other than demo and cachebench
+# (they have their own smoke tests) through test e2e-smoke
+# (tests/bench/e2e_smoke.sh, about 15 s), checking
 # outcomes only (every mode's ratios are in the summary, the plots are
 # well-formed SVG), never times.
 #
