@@ -98,10 +98,13 @@ case $SIZE in full | smoke) ;; *) echo "measure_e2e: E2E_SIZE=$SIZE: full or smo
 [[ $FINALIZE_RANKS =~ ^[1-9][0-9]*$ ]] || { echo "measure_e2e: E2E_FINALIZE_RANKS=$FINALIZE_RANKS: a rank count >= 1" >&2; exit 2; }
 [[ $NO_BUILD == 0 || $NO_BUILD == 1 ]] || { echo "measure_e2e: E2E_NO_BUILD=$NO_BUILD: 0 or 1" >&2; exit 2; }
 # Sizes. smoke: the smallest that still exercises each mode's outcome.
+# MPI_TIMEOUT: mpirun's bound on one run of the new modes (a hang fails the
+# run; at the smoke size it stays below the bench suite test's own timeout,
+# since meson's timeout would leave the ranks behind).
 if [[ $SIZE == full ]]; then
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 HIT_SLOTS="65536 524288"
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 HIT_SLOTS="65536 524288" MPI_TIMEOUT=300
 else
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 HIT_SLOTS=8192
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 HIT_SLOTS=8192 MPI_TIMEOUT=60
 fi
 for l in $DRIFT_LAGS; do
   [[ $l =~ ^[0-9]+$ ]] || { echo "measure_e2e: E2E_DRIFT_LAGS: '$l' is not a lag in tasks (>= 0)" >&2; exit 2; }
@@ -314,7 +317,7 @@ mode_drift() {
   # smoke: tiny, and --check (every task succeeded and wrote its destinations).
   [[ $SIZE == smoke ]] && args+=(--tasks 8 --task-shards 4 --period-us 500 --latency-us 100 --shard-bytes 4096 --check)
   for lag in $DRIFT_LAGS; do
-    run "drift-lag$lag-rep$rep" mpirun --oversubscribe --timeout 300 -np 4 "$BUILD/bench/ucm_drift_bench" \
+    run "drift-lag$lag-rep$rep" mpirun --oversubscribe --timeout "$MPI_TIMEOUT" -np 4 "$BUILD/bench/ucm_drift_bench" \
       "${args[@]}" --lag-tasks "$lag"
     parse drift "$rep" "drift-lag$lag-rep$rep" "$lag" <<'PY'
 lag = sys.argv[4]
@@ -338,7 +341,7 @@ mode_taskcost() {
   local rep=$1 np args=(--reps 1)
   [[ $SIZE == smoke ]] && args+=(--iters 20 --check)  # --check: each kind took its path
   for np in 1 2; do
-    run "taskcost-np$np-rep$rep" mpirun --oversubscribe --timeout 300 -np "$np" "$BUILD/bench/ucm_task_cost_bench" "${args[@]}"
+    run "taskcost-np$np-rep$rep" mpirun --oversubscribe --timeout "$MPI_TIMEOUT" -np "$np" "$BUILD/bench/ucm_task_cost_bench" "${args[@]}"
     parse taskcost "$rep" "taskcost-np$np-rep$rep" <<'PY'
 rows = re.findall(r"^ranks\s+(\d+)\s+(.+?)\s+entries\s+(\d+)\s+x\s+(\d+)\s+B\s+(.*)$", text, re.M)
 if not any(k == "inline" for _, k, _, _, _ in rows):
@@ -445,7 +448,7 @@ PY
 mode_finalize() {
   local rep=$1 args=(--mode finalize --reps 1)
   [[ $SIZE == smoke ]] && args+=(--quick)
-  run "finalize-np$FINALIZE_RANKS-rep$rep" mpirun --oversubscribe --timeout 300 -np "$FINALIZE_RANKS" \
+  run "finalize-np$FINALIZE_RANKS-rep$rep" mpirun --oversubscribe --timeout "$MPI_TIMEOUT" -np "$FINALIZE_RANKS" \
     "$BUILD/bench/ucm_scalebench" "${args[@]}"
   parse finalize "$rep" "finalize-np$FINALIZE_RANKS-rep$rep" <<'PY'
 gib = need(r"^finalize, ([\d.]+) GiB", "header")[1]
