@@ -14,16 +14,18 @@
 #   E2E_SIZE=smoke E2E_REPS=1 tools/measure_e2e.sh /tmp/e2e   # the smallest sizes: checks it works
 #   E2E_MODES="drift miss" tools/measure_e2e.sh /tmp/e2e      # some modes only
 #
-# How long: E2E_SIZE=full E2E_REPS=5 takes about 10 minutes of runs on the
-# 2-core VM, plus the build (a few minutes cold, seconds warm). Measured
+# How long: E2E_SIZE=full E2E_REPS=5 takes about 10 minutes of runs on a quiet
+# 2-core VM (11 at the load below), plus the build (a few minutes cold,
+# seconds warm; mode defer adds ucm_mp_tests, about 3 minutes cold). Measured
 # mode by mode in a release build at load average 13-15 (session 7), one rep
-# of every mode took about 112 s: cachebench 40 s (fixed by its own --ms and
-# --reps), hit4k512k 34, demo 11, drift 9, taskcost 8, fill 6, miss 2,
-# finalize 1, defer 0.5; a quiet machine takes less. E2E_SIZE=smoke
-# E2E_REPS=1 runs every mode in about 30 s (on an existing build). Suite
+# of every mode took about 135 s of wall time: cachebench 40 s (fixed by its
+# own --ms and --reps), hit4k512k 43 (20 s of CPU: the rest was waiting for
+# a core), demo 11, drift 9, taskcost 8, fill 6, miss 2, finalize 1, defer
+# 0.5; a quiet machine takes less. E2E_SIZE=smoke E2E_REPS=1 runs every
+# mode in about 30 s (on an existing build). Suite
 # `bench` runs the smoke size of the modes other than demo and cachebench
 # (they have their own smoke tests) through test e2e-smoke
-# (tests/bench/e2e_smoke.sh, about 15 s), checking
+# (tests/bench/e2e_smoke.sh, 12-20 s), checking
 # outcomes only (every mode's ratios are in the summary, the plots are
 # well-formed SVG), never times.
 #
@@ -44,7 +46,9 @@
 #   hit4k512k  ucm_scalebench --mode hit --slots N for N in 65536 524288: the
 #              per-shard hit overhead above memcpy at N slots over 4k slots, on
 #              4 KiB and on 2 MiB control pages, and memcpy's own growth
-#              (goal 5; plots/hit_slots.svg). E2E_HUGEPAGES (128) 2 MiB pages
+#              (goal 5; plots/hit_slots.svg); and at 65536 slots with 1, 4 and
+#              16 KiB shards, the overhead in ns at 4k and 64k slots
+#              (plots/hit_shards.svg). E2E_HUGEPAGES (128) 2 MiB pages
 #              are reserved for this mode through /proc/sys/vm/nr_hugepages
 #              when it is writable, and the old count restored after it (a
 #              trap restores it on failure or interrupt too); 0: reserve none
@@ -101,10 +105,16 @@ case $SIZE in full | smoke) ;; *) echo "measure_e2e: E2E_SIZE=$SIZE: full or smo
 # MPI_TIMEOUT: mpirun's bound on one run of the new modes (a hang fails the
 # run; at the smoke size it stays below the bench suite test's own timeout,
 # since meson's timeout would leave the ranks behind).
+# HIT_RUNS: the hit4k512k runs, SLOTS:SHARD_BYTES[:HITS] each: the
+# slot-count curve at 4 KiB shards, then the shard-size curve at
+# HIT_SHARD_SLOTS; the 16 KiB run makes a quarter of the hits (the same bytes
+# copied as a 4 KiB run: its time is the copies').
 if [[ $SIZE == full ]]; then
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 HIT_SLOTS="65536 524288" MPI_TIMEOUT=300
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 MPI_TIMEOUT=300
+  HIT_RUNS="65536:4096 524288:4096 65536:1024 65536:16384:50000" HIT_SHARD_SLOTS=65536
 else
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 HIT_SLOTS=8192 MPI_TIMEOUT=60
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 MPI_TIMEOUT=60
+  HIT_RUNS="8192:4096 8192:1024" HIT_SHARD_SLOTS=8192
 fi
 for l in $DRIFT_LAGS; do
   [[ $l =~ ^[0-9]+$ ]] || { echo "measure_e2e: E2E_DRIFT_LAGS: '$l' is not a lag in tasks (>= 0)" >&2; exit 2; }
@@ -127,7 +137,7 @@ say() { echo "measure_e2e: $*"; }
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with local changes)')"
   echo "size: $SIZE, reps: $REPS, modes: $MODES, demo window: $DEMO_WINDOW (and 1), prefix: ${E2E_PREFIX:-none}"
-  echo "drift lags: $DRIFT_LAGS (cache $DRIFT_CACHE tasks), hit slots: $HIT_SLOTS, finalize ranks: $FINALIZE_RANKS, hugepages to reserve: $HUGEPAGES"
+  echo "drift lags: $DRIFT_LAGS (cache $DRIFT_CACHE tasks), hit runs (slots:shard bytes): $HIT_RUNS, finalize ranks: $FINALIZE_RANKS, hugepages to reserve: $HUGEPAGES"
   echo "host: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
   echo "cpu: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -411,21 +421,28 @@ restore_hugepages() {
 }
 trap restore_hugepages EXIT
 mode_hit4k512k() {
-  local rep=$1 slots
+  local rep=$1 hr slots bytes hits more
   reserve_hugepages
-  for slots in $HIT_SLOTS; do
-    scalebench "hit-s$slots-rep$rep" hit --slots "$slots"
-    parse hit4k512k "$rep" "hit-s$slots-rep$rep" <<'PY'
-rows = re.findall(r"^\s*control on (.+?)\s+overhead (\d+) slots -?[\d.]+ ns, (\d+) slots -?[\d.]+ ns: "
+  for hr in $HIT_RUNS; do
+    IFS=: read -r slots bytes hits <<<"$hr"
+    more=()
+    [[ -z $hits ]] || more=(--hits "$hits")
+    scalebench "hit-s$slots-b$bytes-rep$rep" hit --slots "$slots" --shard-bytes "$bytes" "${more[@]}"
+    parse hit4k512k "$rep" "hit-s$slots-b$bytes-rep$rep" "$HIT_SHARD_SLOTS" <<'PY'
+b = need(r"^hit overhead above memcpy, (\d+)-byte shards", "header")[1]
+rows = re.findall(r"^\s*control on (.+?)\s+overhead (\d+) slots (-?[\d.]+) ns, (\d+) slots (-?[\d.]+) ns: "
                   r"large/small (-?[\d.]+) \(range [^)]*\); memcpy alone grows (-?[\d.]+)(.*)$", text, re.M)
 if len(rows) != 2:
     sys.exit("mode hit4k512k: %d 'control on' lines in %s, not 2" % (len(rows), sys.argv[3]))
-for pages, small, large, r, growth, rest in rows:
+for pages, small, small_ns, large, large_ns, r, growth, rest in rows:
     kind = ("4 KiB pages" if pages.startswith("4 KiB") else "mixed pages" if "differ" in rest
             else "2 MiB hugetlb pages" if "hugetlb" in pages else "THP hint only")
     goal = "<= 1.2" if kind in ("2 MiB hugetlb pages", "THP hint only") and int(large) >= 524288 else "-"
-    emit("hit overhead above memcpy, %s, %s slots / %s slots" % (kind, large, small), r, goal)
-    emit("memcpy alone, %s slots / %s slots, beside %s" % (large, small, kind), growth)
+    emit("hit overhead above memcpy, %s, %s-byte shards, %s slots / %s slots" % (kind, b, large, small), r, goal)
+    emit("memcpy alone, %s-byte shards, %s slots / %s slots, beside %s" % (b, large, small, kind), growth)
+    if large == sys.argv[4]:  # the shard-size curve's runs: the overhead itself, at both sizes
+        for n, ns in ((small, small_ns), (large, large_ns)):
+            emit("hit overhead above memcpy (ns), %s, %s-byte shards, %s slots" % (kind, b, n), ns)
 PY
   done
   restore_hugepages

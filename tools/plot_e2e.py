@@ -13,7 +13,9 @@ repetitions) and writes, for the modes that ran:
   OUTDIR/plots/hit_slots.svg     the per-shard hit overhead above memcpy at N
                                  slots over the same at 4k slots, against N
                                  (log scale), per kind of control page, beside
-                                 memcpy's own growth
+                                 memcpy's own growth (4 KiB shards)
+  OUTDIR/plots/hit_shards.svg    the same overhead in ns against shard size
+                                 (log scale), at 4k slots and at 64k
 
 Each point is the median, its bar the range over the repetitions; a dashed
 line is the goal. Standard library only (no matplotlib: run it with
@@ -54,11 +56,16 @@ def nice_ticks(lo, hi, n=5):
     mag = 10 ** math.floor(math.log10(raw))
     step = next(s * mag for s in (1, 2, 2.5, 5, 10) if s * mag >= raw)
     t = math.floor(lo / step) * step
-    ticks = []
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 10))
+    ticks = [round(t, 10)]
+    while ticks[-1] < hi - step * 1e-9:  # the last tick at or above hi: nothing is clipped
         t += step
+        ticks.append(round(t, 10))
     return ticks
+
+
+def short(kind):
+    """A legend's name for a kind of control page (the legend is 190 px wide)."""
+    return {"2 MiB hugetlb pages": "2 MiB hugetlb", "THP hint only": "THP hint"}.get(kind, kind)
 
 
 def label_num(v):
@@ -150,9 +157,10 @@ def plots(ratios, machine):
                                               "owner loads, max/min", d,
                                               goal=(1.5, "goal: 1.5 (with protection)"),
                                               note="inf: a rank owned none")))
-    d = series(ratios, "hit4k512k", r"hit overhead above memcpy, (.+), (\d+) slots / (\d+) slots",
-               lambda m: m[1], lambda m: (int(m[2]), int(m[3])))
-    mc = series(ratios, "hit4k512k", r"memcpy alone, (\d+) slots / (\d+) slots, beside 4 KiB pages",
+    # The slot-count curve is at 4 KiB shards (the shard-size runs are at one slot count).
+    d = series(ratios, "hit4k512k", r"hit overhead above memcpy, (.+), 4096-byte shards, (\d+) slots / (\d+) slots",
+               lambda m: short(m[1]), lambda m: (int(m[2]), int(m[3])))
+    mc = series(ratios, "hit4k512k", r"memcpy alone, 4096-byte shards, (\d+) slots / (\d+) slots, beside 4 KiB pages",
                 lambda m: "memcpy alone", lambda m: (int(m[1]), int(m[2])))
     if d:
         curves = {}
@@ -165,6 +173,12 @@ def plots(ratios, machine):
                                            "at N slots / at the smallest (4k)", curves,
                                            goal=(1.2, "goal: 1.2 at 512k (huge pages)"), logx=True,
                                            note="memcpy alone: its time's growth")))
+    d = series(ratios, "hit4k512k", r"hit overhead above memcpy \(ns\), (.+), (\d+)-byte shards, (\d+) slots",
+               lambda m: "%s, %s slots" % (short(m[1]), label_num(int(m[3]))), lambda m: int(m[2]))
+    if d and max(len(v) for v in d.values()) > 1:
+        out.append(("hit_shards.svg", chart("Per-shard hit overhead above memcpy against shard size",
+                                            "shard bytes (log scale)", "hit overhead above memcpy (ns)", d,
+                                            logx=True, note="median, bar: range")))
     return out
 
 

@@ -41,9 +41,10 @@ expected = {
                  r"fraction of memcpy, inline, 64 x 16 KiB, 2 ranks"],
     "miss": [r"slowest / median miss after a fill, \d+ slots", r"miss's slowest/median over the control's",
              r"most CLOCK positions in one lock hold / its bound"],
-    "hit4k512k": [r"hit overhead above memcpy, 4 KiB pages, \d+ slots / \d+ slots",
-                  r"hit overhead above memcpy, (2 MiB hugetlb pages|THP hint only|mixed pages), \d+ slots / \d+ slots",
-                  r"memcpy alone, \d+ slots / \d+ slots, beside 4 KiB pages"],
+    "hit4k512k": [r"hit overhead above memcpy, 4 KiB pages, 4096-byte shards, \d+ slots / \d+ slots",
+                  r"hit overhead above memcpy, (2 MiB hugetlb pages|THP hint only|mixed pages), 4096-byte shards, \d+ slots / \d+ slots",
+                  r"memcpy alone, 4096-byte shards, \d+ slots / \d+ slots, beside 4 KiB pages",
+                  r"hit overhead above memcpy \(ns\), 4 KiB pages, 1024-byte shards, \d+ slots"],
     "fill": [r"first fill fresh / warm, populated at init", r"first fill fresh / warm, not populated .*"],
     "finalize": [r"finalize, \d+ ranks / 1 rank, .* by the most CPU of a rank", r"finalize, \d+ ranks / 1 rank, .* by the slowest rank's wall"],
     "defer": [r"rank 0's CPU time / wall time while deferring", r"wakes by the bell / sleeps"],
@@ -66,7 +67,7 @@ if "defer" in modes:
 if "miss" in modes:
     need(0 < val("miss", r"most CLOCK positions in one lock hold / its bound")[0] <= 1, "miss: a lock hold over its bound")
 # The plots: there for the modes that draw them, and well-formed SVG with a curve.
-plots = {"drift": ["drift.svg", "drift_owners.svg"], "hit4k512k": ["hit_slots.svg"]}
+plots = {"drift": ["drift.svg", "drift_owners.svg"], "hit4k512k": ["hit_slots.svg", "hit_shards.svg"]}
 for m in modes:
     for name in plots.get(m, []):
         path = os.path.join(out, "plots", name)
