@@ -69,8 +69,8 @@
 # E2E_BUILD as it is, built, any build type; the bench suite's test does),
 # UCM_JOBS (2: the build's parallelism), E2E_PREFIX (a command put before
 # each benchmark, such as "chrt -f 10"), E2E_PYTHON (/usr/bin/python3: runs
-# the plots). Outputs stay small (under 200 KB): per-run JSON and the tail of
-# each log, never raw samples.
+# the plots). Outputs stay small (under 200 KB): rep 1's JSON and log tails,
+# every rep's numbers in ratios.tsv, never raw samples.
 #
 # Adding a mode: write `mode_NAME REP` below, which runs its benchmark once
 # through `run LOG cmd...` and records each of its ratios with `ratio MODE
@@ -498,6 +498,9 @@ t_all=$SECONDS
 for ((rep = 1; rep <= REPS; ++rep)); do
   say "rep $rep/$REPS: $MODES"
   for m in $MODES; do "mode_$m" "$rep"; done
+  # Later reps' logs and JSON go once parsed (every rep's numbers are in
+  # ratios.tsv): 5 reps of them would pass 200 KB. A failed run keeps its log.
+  ((rep == 1)) || rm -f "$out"/logs/*-rep"$rep".log "$out"/json/*-rep"$rep".json
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg), runs took $((SECONDS - t_all)) s" >>"$out/machine.txt"
 
