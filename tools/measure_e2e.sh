@@ -75,8 +75,9 @@
 # Adding a mode: write `mode_NAME REP` below, which runs its benchmark once
 # through `run LOG cmd...` and records each of its ratios with `ratio MODE
 # METRIC REP VALUE TARGET` (or parses the log with `parse MODE REP LOG`); add
-# NAME to ALL_MODES and its targets to mode_targets, and its targets to the
-# table in docs/results.md. The places are marked "ADD A MODE HERE".
+# NAME to ALL_MODES, its build targets to mode_targets, and its goals'
+# targets to the table in docs/results.md. The places are marked "ADD A MODE
+# HERE".
 set -euo pipefail
 
 out=${1:?usage: tools/measure_e2e.sh OUTDIR}
@@ -125,7 +126,8 @@ done
 
 mkdir -p "$out/logs" "$out/json"
 out=$(cd "$out" && pwd)
-rm -f "$out"/plots/*.svg  # a plot of an earlier run's modes would outlive it
+# An earlier run's logs, JSON and plots in OUTDIR would outlive it.
+rm -f "$out"/plots/*.svg "$out"/logs/*.log "$out"/json/*.json
 tsv=$out/ratios.tsv
 printf 'mode\tmetric\trep\tvalue\ttarget\n' >"$tsv"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
