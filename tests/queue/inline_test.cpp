@@ -162,6 +162,35 @@ TEST(Inline, OffWithoutInlineHitsOrOverAnotherEngine) {
   }
 }
 
+// The inline path drops exactly the pins it took, from its own pin row: on a
+// slot whose load this rank finished and still holds (the hold, slot_word.h),
+// the slot's word is left as it was (not written, nobody woken), and the hold
+// stays for the release() that owns it.
+TEST(Inline, AHitOnASlotThisRankHoldsDropsItsOwnPinAndLeavesTheWordAlone) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  const Key k = test::key(500, 0);
+  GetResult g;
+  ASSERT_EQ(r.cache->get(k, &g), Result::kOk) << last_error();
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  sim_fill(k, r.cache->data_at(g.slot), kShard);
+  ASSERT_EQ(r.cache->mark_ready(g.slot), Result::kOk) << last_error();
+  const uint32_t word = r.planes.ctrl.slot(g.slot).word.load();
+  ASSERT_TRUE(word_held(word)) << "a finished load keeps its hold until released";
+  for (int round = 0; round < 2; ++round) {
+    Job warm(500, 1);
+    ASSERT_EQ(r.queue->submit(warm.task), Result::kOk) << last_error();
+    ASSERT_TRUE(warm.task->done()) << "an all-hit task, inline";
+    EXPECT_TRUE(warm.exact());
+    EXPECT_EQ(r.planes.ctrl.slot(g.slot).word.load(), word) << "the word is not written: the hold is the owner's";
+    EXPECT_EQ(r.planes.ctrl.pin(0, g.slot).load(), 0u) << "the inline pin is gone";
+    EXPECT_EQ(r.cache->references_held(), 1) << "the hold, no more";
+  }
+  r.cache->release(g.slot);
+  EXPECT_FALSE(word_held(r.planes.ctrl.slot(g.slot).word.load()));
+  EXPECT_EQ(r.cache->references_held(), 0);
+}
+
 TEST(Inline, AStoppedQueueRefusesEvenAnAllHitTask) {
   Rank r;
   ASSERT_NO_FATAL_FAILURE(r.open(true));
