@@ -3,7 +3,7 @@
 //
 //   mpirun -np 1 ucm_task_cost_bench [--shard-bytes 16384] [--entries 1,64]
 //       [--iters 2000] [--reps 5] [--kinds inline,inline-pa,cold,queued]
-//       [--cold-mib N] [--clock wall|cpu] [--check]
+//       [--cold-mib N] [--clock wall|cpu] [--same-keys] [--check]
 //   (-np 2: two ranks at once, each on its own cores and buffers)
 //
 // Each rank loads its keys once (the cache is warm: every later entry is a
@@ -41,7 +41,9 @@
 // one rank, 0.9 with two), and two counts that do not depend on the clock:
 // the fraction of tasks that took the inline path (inline_tasks) and the
 // process's context switches per task (getrusage: voluntary + involuntary,
-// every thread). Times are wall time; --clock cpu reads the process's CPU
+// every thread). --same-keys gives every rank the same hot and cold keys
+// (each rank still its own destinations and control source): the ranks then
+// pin the same slots, as node-collective tasks do. Times are wall time; --clock cpu reads the process's CPU
 // time instead (every thread's; what a loaded machine's other processes
 // disturb less: time spent waiting for a CPU is not counted, nor are the
 // queued kind's waits). --check (the bench suite) only checks that every task
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> sizes = {1, 64};
   std::vector<Kind> kinds = {Kind::kInline, Kind::kInlinePageAligned, Kind::kCold, Kind::kQueued};
   uint32_t iters = 2000, reps = 5;
-  bool check = false;
+  bool check = false, same_keys = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     auto val = [&]() -> const char* {
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
     else if (s == "--reps") reps = static_cast<uint32_t>(std::strtoul(val(), nullptr, 10));
     else if (s == "--cold-mib") cold_mib = std::strtoull(val(), nullptr, 10);
     else if (s == "--check") check = true;
+    else if (s == "--same-keys") same_keys = true;
     else if (s == "--clock") {
       const std::string v = val();
       if (v == "cpu") g_clock = CLOCK_PROCESS_CPUTIME_ID;
@@ -233,12 +236,15 @@ int main(int argc, char** argv) {
                 cold_bytes >> 20, cold_keys, llc >> 20);
   // Each rank its own keys (not node-collective on purpose: each rank's
   // fixed cost, not sharing, is measured), buffers and memcpy source.
+  // --same-keys: every rank the same hot and cold keys (as a node-collective
+  // task asks), so the ranks pin the same slots and read the same records.
+  const uint64_t key_rank = same_keys ? 0 : static_cast<uint32_t>(g_rank);
   std::vector<ucm_load_entry_t> entries(most);
   std::vector<uint8_t> dst(uint64_t{most} * shard), src(uint64_t{most} * shard, 0x5a);
   PageBuffer src_pa(uint64_t{most} * shard);
   std::unique_ptr<PageBuffer> src_cold(any_cold ? new PageBuffer(cold_bytes) : nullptr);
   for (uint32_t i = 0; i < most; ++i) {
-    entries[i].key = make_key(uint64_t{static_cast<uint32_t>(g_rank)} * most + i);
+    entries[i].key = make_key(key_rank * most + i);
     entries[i].dst = dst.data() + uint64_t{i} * shard;
   }
   // The cold set's entries, rebuilt per task size n: task k takes entries
@@ -246,7 +252,7 @@ int main(int argc, char** argv) {
   std::vector<ucm_load_entry_t> cold(cold_keys);
   auto cold_for = [&](uint32_t n) {
     for (uint64_t j = 0; j < cold_keys; ++j) {
-      cold[j].key = make_key((uint64_t{1} << 44) + (uint64_t{static_cast<uint32_t>(g_rank)} << 32) + j);
+      cold[j].key = make_key((uint64_t{1} << 44) + (key_rank << 32) + j);
       cold[j].dst = dst.data() + (j % n) * shard;
     }
   };
