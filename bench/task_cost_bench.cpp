@@ -41,7 +41,8 @@
 // one rank, 0.9 with two), and two counts that do not depend on the clock:
 // the fraction of tasks that took the inline path (inline_tasks) and the
 // process's context switches per task (getrusage: voluntary + involuntary,
-// every thread). --same-keys gives every rank the same hot and cold keys
+// every thread); last, each repetition's own fraction (its memcpy over its
+// task), median (lowest-highest), of the rank with the lowest. --same-keys gives every rank the same hot and cold keys
 // (each rank still its own destinations and control source): the ranks then
 // pin the same slots, as node-collective tasks do. Times are wall time; --clock cpu reads the process's CPU
 // time instead (every thread's; what a loaded machine's other processes
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
           MPI_Allreduce(&mine, &missed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
         }
       }
-      std::vector<double> task_us, copy_us, csw, inlined;
+      std::vector<double> task_us, copy_us, csw, inlined, frac;
       uint64_t k0 = 0;  // the cold kind's position in its set: each rep goes on from the last
       for (uint32_t rep = 0; rep < reps; ++rep) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -325,9 +326,16 @@ int main(int argc, char** argv) {
         for (uint32_t k = 0; k < iters; ++k) one_copy(n, kind, k0 + k);
         t1 = mono_ns();
         copy_us.push_back(double(t1 - t0) / 1e3 / iters);
+        frac.push_back(copy_us.back() / std::max(task_us.back(), 1e-9));
         k0 += iters;
       }
       double tm = median(task_us), cm = median(copy_us), cs = median(csw), in = median(inlined);
+      // The fraction of memcpy per repetition (its memcpy over its task):
+      // the median and range of this rank's, the lowest rank's of each.
+      double f[3] = {median(frac), *std::min_element(frac.begin(), frac.end()),
+                     *std::max_element(frac.begin(), frac.end())};
+      double worst_f[3] = {0, 0, 0};
+      MPI_Allreduce(f, worst_f, 3, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
       double worst_t = 0, worst_c = 0, worst_cs = 0, least_in = 0;
       MPI_Allreduce(&tm, &worst_t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       MPI_Allreduce(&cm, &worst_c, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -336,9 +344,10 @@ int main(int argc, char** argv) {
       if (g_rank == 0)
         std::printf("ranks %d  %-9s entries %4u x %" PRIu64 " B  task %9.3f us  memcpy %9.3f us  above %8.3f us  "
                     "fraction-of-memcpy %.3f  inline %.2f  ctx-switches/task %.2f  (medians of %u reps x %u tasks; "
-                    "slowest rank)\n",
+                    "slowest rank)  per-rep fraction %.3f (%.3f-%.3f)\n",
                     g_size, kind_name(kind), n, shard, worst_t, worst_c, worst_t - worst_c,
-                    worst_t > 0 ? worst_c / worst_t : 0.0, least_in, worst_cs, reps, iters);
+                    worst_t > 0 ? worst_c / worst_t : 0.0, least_in, worst_cs, reps, iters, worst_f[0], worst_f[1],
+                    worst_f[2]);
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
