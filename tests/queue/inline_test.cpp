@@ -4,12 +4,15 @@
 // not queued), with the same stats and byte-exact destinations. A task with
 // one entry that is not a hit goes the queue's way whole, its hits counted
 // once. Another engine, or inline_hits off, never takes it.
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backend/sim_backend.h"
 #include "backend/sim_content.h"
+#include "common/stress.h"
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "device/host_engine.h"
@@ -189,6 +192,42 @@ TEST(Inline, AHitOnASlotThisRankHoldsDropsItsOwnPinAndLeavesTheWordAlone) {
   r.cache->release(g.slot);
   EXPECT_FALSE(word_held(r.planes.ctrl.slot(g.slot).word.load()));
   EXPECT_EQ(r.cache->references_held(), 0);
+}
+
+// Two app threads copy the same warm slots inline while a third loads fresh
+// keys through the queue into a cache too small for both, so evictors claim
+// slots between and under the hitters' pins (pins.h, the Dekker pair): every
+// task ends exact, by either path, and every reference is dropped.
+TEST(Inline, ThreadsHittingSlotsThatMissesEvictCopyExactBytesAndDropEveryPin) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  const int rounds = test::stress_rounds(200);
+  std::atomic<int> bad{0};
+  auto hitter = [&] {
+    for (int i = 0; i < rounds; ++i) {
+      Job j(600, 48);
+      if (r.queue->submit(j.task) != Result::kOk || !j.task->wait_until(deadline_after_ms(kWaitMs)) ||
+          j.task->result() != Result::kOk || !j.exact())
+        ++bad;
+    }
+  };
+  auto loader = [&] {
+    for (int i = 0; i < rounds; ++i) {
+      Job j(10000 + static_cast<uint64_t>(i) * 40, 40);  // 48 + 40 + 40 > 128 slots: evictions
+      if (r.queue->submit(j.task) != Result::kOk || !j.task->wait_until(deadline_after_ms(kWaitMs)) ||
+          j.task->result() != Result::kOk || !j.exact())
+        ++bad;
+    }
+  };
+  std::thread a(hitter), b(hitter), c(loader);
+  a.join();
+  b.join();
+  c.join();
+  EXPECT_EQ(bad.load(), 0) << "tasks that failed or copied wrong bytes";
+  EXPECT_GT(r.ctr().inline_tasks.load(), 0u) << "some hits went inline";
+  r.queue->stop();
+  EXPECT_EQ(r.cache->references_held(), 0);
+  for (uint32_t i = 0; i < r.planes.ctrl.total_slots(); ++i) EXPECT_EQ(r.planes.ctrl.pin(0, i).load(), 0u) << "slot " << i;
 }
 
 TEST(Inline, AStoppedQueueRefusesEvenAnAllHitTask) {
