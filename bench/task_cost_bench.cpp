@@ -22,8 +22,9 @@
 //              buffer, as the slots are: a copy between buffers that are
 //              misaligned to each other (slot at a page, destination at +16)
 //              runs slower than one between equally aligned ones (rep movsb:
-//              about 0.89x on this machine's AMD EPYC, in L3), so `inline`
-//              charges the task for the alignment of the app's buffer.
+//              0.83-0.89x the speed on this machine's AMD EPYC, in L3, and no
+//              vector loop did better), so `inline` charges the task for the
+//              alignment of the app's buffer.
 //   cold       inline tasks over a working set larger than the last-level
 //              cache (--cold-mib, default 3x the L3 size), as in a real cache
 //              of gigabytes: task k takes the k-th group of n keys of the set,
