@@ -22,37 +22,33 @@ ucm::Key to_key(const ucm_key_t& k) {
 
 // Where a task first repeats a key: the first entry (in entry order) whose
 // key an earlier entry has, and the earliest such entry (*later = n: none).
-// Without a node per entry: (hash, index) pairs, on the stack up to 64
-// entries, sorted; equal hashes are then compared key by key.
+// Without a node per entry: one pass in entry order over an open-addressed
+// table of entry indices (at least twice as many places as entries, on the
+// stack up to 64 entries), probed by the key's hash; equal hashes are then
+// compared key by key. The table holds each key's first entry only, so the
+// first hit is the first repeat and names the entry it repeats.
 void first_repeat(const std::vector<ucm::TaskEntry>& es, size_t* later, size_t* earlier) {
-  struct HashAt {
-    uint64_t hash;
-    uint32_t index;
-  };
   const size_t n = es.size();
-  ucm::SmallBuffer<HashAt, 64> h(n);
-  for (size_t i = 0; i < n; ++i)
-    h[i] = HashAt{ucm::block_hash(es[i].key.block) ^ (uint64_t{es[i].key.shard} * 0x9E3779B97F4A7C15ull),
-                  static_cast<uint32_t>(i)};
-  std::sort(h.data(), h.data() + n, [](const HashAt& a, const HashAt& b) { return a.hash != b.hash ? a.hash < b.hash : a.index < b.index; });
+  size_t places = 16;
+  while (places < 2 * n) places <<= 1;
+  const size_t mask = places - 1;
+  ucm::SmallBuffer<uint32_t, 128> at(places);  // entry index + 1; 0: empty
+  ucm::SmallBuffer<uint64_t, 64> hash(n);
+  std::fill(at.data(), at.data() + places, 0u);
   *later = n;
-  for (size_t a = 0; a < n;) {
-    size_t b = a + 1;
-    while (b < n && h[b].hash == h[a].hash) ++b;
-    // [a, b): one hash, indices ascending. Its first entry that repeats an
-    // earlier one of the run is the run's candidate; later ones are later.
-    bool found = false;
-    for (size_t j = a + 1; j < b && !found && h[j].index < *later; ++j) {
-      for (size_t k = a; k < j; ++k) {
-        if (es[h[k].index].key == es[h[j].index].key) {
-          *later = h[j].index;
-          *earlier = h[k].index;
-          found = true;
-          break;
-        }
+  for (size_t i = 0; i < n; ++i) {
+    const ucm::Key& k = es[i].key;
+    hash[i] = ucm::block_hash(k.block) ^ (uint64_t{k.shard} * 0x9E3779B97F4A7C15ull);
+    size_t p = hash[i] & mask;
+    for (; at[p] != 0; p = (p + 1) & mask) {
+      const uint32_t j = at[p] - 1;
+      if (hash[j] == hash[i] && es[j].key == k) {
+        *later = i;
+        *earlier = j;
+        return;
       }
     }
-    a = b;
+    at[p] = static_cast<uint32_t>(i + 1);
   }
 }
 

@@ -179,10 +179,16 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
 }
 
 bool CacheBuffer::pin_if_ready(const Key& k, uint32_t* slot) {
+  if (!data_ || !pin_one_ready(k, bucket_of(k, ctrl_->bucket_mask()), slot)) return false;
+  tally(1);
+  return true;
+}
+
+bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
   const BufferCtrl& c = *ctrl_;
-  if (!data_ || k.shard >= c.shards_per_block()) return false;
+  if (k.shard >= c.shards_per_block()) return false;
   WalkEnd end;
-  const uint32_t i = chain_find_unlocked(c, bucket_of(k, c.bucket_mask()), k, &end);
+  const uint32_t i = chain_find_unlocked(c, b, k, &end);
   if (i == kNoSlot || pin_slot(c, opts_.rank, i) != PinResult::kPinned) return false;
   // Pinned: re-checked as attach_found() does (re-keyed, or not Ready yet).
   if (!slot_has_key(c, i, k) || word_state(c.slot(i).word.load(std::memory_order_acquire)) != State::kReady) {
@@ -191,9 +197,36 @@ bool CacheBuffer::pin_if_ready(const Key& k, uint32_t* slot) {
   }
   mark_accessed(c, i);
   if (protect_) guard_take(c, opts_.rank, i);
-  tally(1);
   *slot = i;
   return true;
+}
+
+void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
+  const BufferCtrl& c = *ctrl_;
+  const uint32_t total = c.total_slots();
+  // Two passes of n independent loads each: the pin loop's walks are
+  // dependent loads behind a locked add each, so on a cold control plane
+  // (a cache of gigabytes) it would wait for its misses one after another.
+  for (size_t i = 0; i < n; ++i) __builtin_prefetch(&c.bucket(buckets[i]).head);
+  for (size_t i = 0; i < n; ++i) {
+    // A hint: the walk reads the head again, with acquire.
+    const uint32_t h = c.bucket(buckets[i]).head.load(std::memory_order_relaxed);
+    if (h >= total) continue;
+    __builtin_prefetch(&c.slot(h));
+    __builtin_prefetch(&c.pin(opts_.rank, h), 1);
+    __builtin_prefetch(&c.accessed(h));
+    if (protect_) __builtin_prefetch(&c.guard(h));
+  }
+}
+
+void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
+  const BufferCtrl& c = *ctrl_;
+  // Pins this thread took on Ready slots (pin_one_ready): Ready cannot change
+  // under them, so each goes in one release fetch_sub ([R4], slot_word.h), as
+  // release_one() drops a pin on a Ready slot, with no hold to look for
+  // first: a hold of this rank on the same slot is another reference, which
+  // its own release() drops.
+  for (size_t i = 0; i < n; ++i) (void)unpin_slot(c, opts_.rank, slots[i]);
 }
 
 Result CacheBuffer::check_joined() const {

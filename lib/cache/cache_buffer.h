@@ -57,6 +57,7 @@
 
 #include "common/key.h"
 #include "common/result.h"
+#include "common/small_buffer.h"
 #include "ctrl/buffer_ctrl.h"
 #include "data/buffer_data.h"
 
@@ -99,6 +100,32 @@ class CacheBuffer {
   // claimed by an evictor, a corrupt chain, a scheduler rank): false, with
   // nothing held, installed or taken over.
   bool pin_if_ready(const Key& k, uint32_t* slot);
+  // The inline path's batch (queue/load_queue.cpp, run_inline): key_at(0..n)
+  // pinned as pin_if_ready() pins one, all or none: true with slots[0..n)
+  // filled (n references: release_ready_pins() them), or false with nothing
+  // held. Each key is hashed once, the loads of every key's bucket head and
+  // slot record are started before the first pin (prefetch_records), and
+  // references_held() is counted once per batch.
+  template <typename KeyAt>
+  bool pin_all_ready(size_t n, KeyAt&& key_at, uint32_t* slots) {
+    if (!data_) return false;
+    SmallBuffer<uint32_t, 64> b(n);
+    const uint32_t mask = ctrl_->bucket_mask();
+    for (size_t i = 0; i < n; ++i) b[i] = bucket_of(key_at(i), mask);
+    if (n > 1) prefetch_records(b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      if (pin_one_ready(key_at(i), b[i], &slots[i])) continue;
+      unpin_ready(slots, i);
+      return false;
+    }
+    tally(static_cast<int64_t>(n));
+    return true;
+  }
+  // Drops the pins pin_all_ready() took.
+  void release_ready_pins(const uint32_t* slots, size_t n) {
+    unpin_ready(slots, n);
+    tally(-static_cast<int64_t>(n));
+  }
   // Ready, with bytes that came from the store (a load).
   [[nodiscard]] Result mark_ready(uint32_t slot);
   // Ready, with bytes the caller wrote and is about to write through: the
@@ -233,6 +260,12 @@ class CacheBuffer {
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;
   bool release_one(uint32_t slot);
+  // pin_if_ready() of k, in bucket b, without the reference count (its
+  // callers count); unpin_ready() drops such pins, uncounted.
+  bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
+  void unpin_ready(const uint32_t* slots, size_t n);
+  // pin_all_ready()'s prefetch: buckets[0..n)'s heads, then their records.
+  void prefetch_records(const uint32_t* buckets, size_t n) const;
   // release_one's steps (slot_word.h, T6 and T7): the hold of a finished load
   // of ours (*w: the word seen, updated by a failed CAS); the guarded loop on
   // the pin row; its step when the row is empty; and the abandon before the

@@ -111,13 +111,10 @@ bool LoadQueue::run_inline(Task& t) {
   const std::vector<TaskEntry>& es = t.entries();
   const size_t n = es.size();
   SmallBuffer<uint32_t, 64> slots(n);  // on the stack for small tasks
-  for (size_t i = 0; i < n; ++i) {
-    if (cache_->pin_if_ready(es[i].key, &slots[i])) continue;
-    // Not a hit: the whole task goes to the dispatcher, which gets every key
-    // again (and counts its hits then).
-    for (size_t j = 0; j < i; ++j) cache_->release(slots[j]);
-    return false;
-  }
+  auto key_at = [&es](size_t i) -> const Key& { return es[i].key; };
+  // Not a hit: the whole task goes to the dispatcher, which gets every key
+  // again (and counts its hits then).
+  if (!cache_->pin_all_ready(n, key_at, slots.data())) return false;
   add(ctr_->tasks, 1);
   add(ctr_->shards, n);
   add(ctr_->inline_hits, n);  // not RankCounters.hits: see counters.h
@@ -126,7 +123,7 @@ bool LoadQueue::run_inline(Task& t) {
     UCM_TRACE(TraceRange::kCopy);
     for (size_t i = 0; i < n; ++i) std::memcpy(es[i].dst, cache_->data_at(slots[i]), bytes);
   }
-  for (size_t i = 0; i < n; ++i) cache_->release(slots[i]);
+  cache_->release_ready_pins(slots.data(), n);
   add(ctr_->bytes_to_device, bytes * n);
   add(ctr_->inline_tasks, 1);
   t.entries_ok(static_cast<uint32_t>(n));  // records the latency (record_done), then marks it done

@@ -4,12 +4,15 @@
 // not queued), with the same stats and byte-exact destinations. A task with
 // one entry that is not a hit goes the queue's way whole, its hits counted
 // once. Another engine, or inline_hits off, never takes it.
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backend/sim_backend.h"
 #include "backend/sim_content.h"
+#include "common/stress.h"
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "device/host_engine.h"
@@ -160,6 +163,71 @@ TEST(Inline, OffWithoutInlineHitsOrOverAnotherEngine) {
     EXPECT_EQ(r.queue->queued_tasks(), 2u) << "variant " << variant << ": the warm task was queued too";
     EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
   }
+}
+
+// The inline path drops exactly the pins it took, from its own pin row: on a
+// slot whose load this rank finished and still holds (the hold, slot_word.h),
+// the slot's word is left as it was (not written, nobody woken), and the hold
+// stays for the release() that owns it.
+TEST(Inline, AHitOnASlotThisRankHoldsDropsItsOwnPinAndLeavesTheWordAlone) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  const Key k = test::key(500, 0);
+  GetResult g;
+  ASSERT_EQ(r.cache->get(k, &g), Result::kOk) << last_error();
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  sim_fill(k, r.cache->data_at(g.slot), kShard);
+  ASSERT_EQ(r.cache->mark_ready(g.slot), Result::kOk) << last_error();
+  const uint32_t word = r.planes.ctrl.slot(g.slot).word.load();
+  ASSERT_TRUE(word_held(word)) << "a finished load keeps its hold until released";
+  for (int round = 0; round < 2; ++round) {
+    Job warm(500, 1);
+    ASSERT_EQ(r.queue->submit(warm.task), Result::kOk) << last_error();
+    ASSERT_TRUE(warm.task->done()) << "an all-hit task, inline";
+    EXPECT_TRUE(warm.exact());
+    EXPECT_EQ(r.planes.ctrl.slot(g.slot).word.load(), word) << "the word is not written: the hold is the owner's";
+    EXPECT_EQ(r.planes.ctrl.pin(0, g.slot).load(), 0u) << "the inline pin is gone";
+    EXPECT_EQ(r.cache->references_held(), 1) << "the hold, no more";
+  }
+  r.cache->release(g.slot);
+  EXPECT_FALSE(word_held(r.planes.ctrl.slot(g.slot).word.load()));
+  EXPECT_EQ(r.cache->references_held(), 0);
+}
+
+// Two app threads copy the same warm slots inline while a third loads fresh
+// keys through the queue into a cache too small for both, so evictors claim
+// slots between and under the hitters' pins (pins.h, the Dekker pair): every
+// task ends exact, by either path, and every reference is dropped.
+TEST(Inline, ThreadsHittingSlotsThatMissesEvictCopyExactBytesAndDropEveryPin) {
+  Rank r;
+  ASSERT_NO_FATAL_FAILURE(r.open(true));
+  const int rounds = test::stress_rounds(200);
+  std::atomic<int> bad{0};
+  auto hitter = [&] {
+    for (int i = 0; i < rounds; ++i) {
+      Job j(600, 48);
+      if (r.queue->submit(j.task) != Result::kOk || !j.task->wait_until(deadline_after_ms(kWaitMs)) ||
+          j.task->result() != Result::kOk || !j.exact())
+        ++bad;
+    }
+  };
+  auto loader = [&] {
+    for (int i = 0; i < rounds; ++i) {
+      Job j(10000 + static_cast<uint64_t>(i) * 40, 40);  // 48 + 40 + 40 > 128 slots: evictions
+      if (r.queue->submit(j.task) != Result::kOk || !j.task->wait_until(deadline_after_ms(kWaitMs)) ||
+          j.task->result() != Result::kOk || !j.exact())
+        ++bad;
+    }
+  };
+  std::thread a(hitter), b(hitter), c(loader);
+  a.join();
+  b.join();
+  c.join();
+  EXPECT_EQ(bad.load(), 0) << "tasks that failed or copied wrong bytes";
+  EXPECT_GT(r.ctr().inline_tasks.load(), 0u) << "some hits went inline";
+  r.queue->stop();
+  EXPECT_EQ(r.cache->references_held(), 0);
+  for (uint32_t i = 0; i < r.planes.ctrl.total_slots(); ++i) EXPECT_EQ(r.planes.ctrl.pin(0, i).load(), 0u) << "slot " << i;
 }
 
 TEST(Inline, AStoppedQueueRefusesEvenAnAllHitTask) {
