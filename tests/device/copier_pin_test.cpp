@@ -6,48 +6,23 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "common/time.h"
-#include "ctrl/recovery.h"
 #include "device/copy_engine.h"
-#include "queue/load_queue.h"
-#include "common/test_util.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm {
 namespace {
 
 constexpr uint64_t kShard = 4096;
 
-struct Rank {
-  test::TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
+struct Rank : test::QueuePath {
   void open(const AsyncTestOptions& o) {
-    test::make_cache(test::params(64, 0, kShard, 8, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
-    CacheOptions co;
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = kShard;
-    ctx.shards_per_block = 8;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_async_test_engine(0, o);
-    QueueOptions qo;
-    qo.prealloc = false;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  ~Rank() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
+    test::QueueParts p;
+    p.shard_bytes = kShard;
+    p.shards_per_block = 8;
+    p.engine = make_async_test_engine(0, o);
+    open_alone(64, std::move(p));
   }
   uint64_t pins() const {
     uint64_t n = 0;

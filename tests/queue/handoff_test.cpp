@@ -5,12 +5,8 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
 #include "backend/sim_content.h"
-#include "common/test_util.h"
-#include "ctrl/recovery.h"
-#include "device/host_engine.h"
-#include "queue/load_queue.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm {
 namespace {
@@ -18,35 +14,12 @@ namespace {
 constexpr uint64_t kShard = 4096;
 constexpr uint32_t kEntries = 64;
 
-struct OneRank {
-  test::TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
+struct OneRank : test::QueuePath {
   void open(uint32_t slots, uint32_t io_depth) {
-    test::make_cache(test::params(slots, 0, kShard, 1, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, CacheOptions{});
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = kShard;
-    ctx.shards_per_block = 1;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_host_engine(0);
-    QueueOptions qo;
-    qo.prealloc = false;
-    qo.io_depth = io_depth;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  ~OneRank() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
+    test::QueueParts p;
+    p.shard_bytes = kShard;
+    p.queue.io_depth = io_depth;
+    open_alone(slots, std::move(p));
   }
   // One task over blocks [first, first + n); true when every entry holds its bytes.
   bool run(uint64_t first, uint32_t n) {
