@@ -9,6 +9,7 @@
 #include "backend/sim_content.h"
 #include "common/time.h"
 #include "device/copy_engine.h"
+#include "common/hang_guard.h"
 #include "queue/queue_fixture.h"
 
 namespace ucm {
@@ -85,17 +86,6 @@ TEST(CopierWithAsyncEngine, AFailedFlushKeepsThePinUntilTheCopyInFlightLanded) {
   EXPECT_EQ(r.pins(), 0u) << "settled: the pin is released";
 }
 
-// Waits (bounded) until pred() holds; false at the bound.
-template <typename P>
-bool eventually(P pred, uint64_t ms = 10000) {
-  const uint64_t until = deadline_after_ms(ms);
-  while (!pred()) {
-    if (now_ns() >= until) return false;
-    sleep_for_ns(200'000);
-  }
-  return true;
-}
-
 // Opens the gate for good when the test ends, however it ends.
 struct GateOpener {
   std::shared_ptr<AsyncTestGate> g;
@@ -129,12 +119,12 @@ TEST(CopierWithAsyncEngine, ShardsReadyTogetherGoOutInOneBatch) {
   std::vector<std::vector<uint8_t>> da, db;
   auto a = load_task(2, &da, 1, 300);
   ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  ASSERT_TRUE(test::eventually("the copier waiting for the held copy", [&] { return o.stats->waiting.load() == 1; }));
   // Six hits dispatched while the copier waits: all six wait for it.
   const uint64_t hits = r.cache->counters().hits.load();
   auto b = load_task(3, &db, 6, 200);
   ASSERT_EQ(r.queue->submit(b), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 6; }));
+  ASSERT_TRUE(test::eventually("six hits", [&] { return r.cache->counters().hits.load() >= hits + 6; }));
   const uint64_t flushes = o.stats->flushes.load();
   o.gate->open();
   ASSERT_TRUE(a->wait_until(deadline_after_ms(20000)));
@@ -164,18 +154,20 @@ TEST(CopierWithAsyncEngine, AFullWindowWaitsForTheOldestCopyOnly) {
   std::vector<std::vector<uint8_t>> da, d;
   auto a = load_task(2, &da, 1, 500);
   ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  ASSERT_TRUE(test::eventually("the copier waiting for the held copy", [&] { return o.stats->waiting.load() == 1; }));
   const uint64_t hits = r.cache->counters().hits.load();
   auto t = load_task(3, &d, 12, 400);
   ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 12; }));
+  ASSERT_TRUE(test::eventually("twelve hits", [&] { return r.cache->counters().hits.load() >= hits + 12; }));
   const uint64_t copies = o.stats->copies.load();
   o.gate->allow(1);  // the held copy lands
   // The window fills (8 copies) and nothing more lands.
-  ASSERT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
+  ASSERT_TRUE(test::eventually("eight copies in flight",
+                               [&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
   EXPECT_EQ(o.stats->copies.load(), copies + 8) << "more copies than the window in flight";
   o.gate->allow(1);  // the oldest lands
-  EXPECT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 9; }, 5000))
+  EXPECT_TRUE(test::eventually("the ninth copy, once the oldest landed",
+                               [&] { return o.stats->copies.load() >= copies + 9; }))
       << "the ninth shard waited for more than the oldest copy";
   o.gate->open();
   ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));

@@ -223,7 +223,8 @@ TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
     returned.store(true);
   });
   // Until the call is inside the store.
-  EXPECT_TRUE(eventually("the lookup entering the store", [&] { return sim->sync_calls_held() == 1 || returned.load(); }));
+  EXPECT_TRUE(
+      eventually("the lookup entering the store", [&] { return sim->sync_calls_held() == 1 || returned.load(); }));
   EXPECT_FALSE(returned.load()) << "the store's exists() of a hung key returned";
 
   const uint64_t f0 = now_ns();
