@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -51,7 +52,7 @@ class HangGuard {
       std::unique_lock<std::mutex> g(mu_);
       const auto bound = std::chrono::duration<double>(seconds_);
       if (cv_.wait_for(g, bound, [this] { return returned_; })) return;
-      std::fprintf(stderr, "hung: %s did not return within %.0f s (pid %d)\n", what_.c_str(), seconds_,
+      std::fprintf(stderr, "hung: %s did not return within %g s (pid %d)\n", what_.c_str(), seconds_,
                    static_cast<int>(getpid()));
       std::fflush(nullptr);
       std::_Exit(124);
@@ -85,7 +86,7 @@ bool eventually(const std::string& what, Pred pred, double base_seconds = kHangS
   const uint64_t until = now_ns() + static_cast<uint64_t>(seconds * 1e9);
   while (!pred()) {
     if (now_ns() >= until) {
-      ADD_FAILURE() << "hung: " << what << " did not happen within " << seconds << " s";
+      ADD_FAILURE() << "hung: " << what << " did not happen within " << std::setprecision(3) << seconds << " s";
       return false;
     }
     usleep(1000);
