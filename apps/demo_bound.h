@@ -17,6 +17,11 @@
 //                machine that other work shares), so the bound errs towards
 //                asking more of the demo, never less.
 //   achievable   min loads x shard bytes / raw rate.
+//   cpu bound    the copies every rank must make into its KV buffer (each
+//                shard it asks for, once), the node's over min(local ranks,
+//                cpus) cores at the memcpy rate measured on that many threads
+//                in the same run (memcpy_rate). The larger of the two bounds
+//                is the binding one (Bounds).
 //
 // Header-only, no ucmcache internals: the demo uses the public API only, and
 // tests/bench/demo_bound_test.cpp checks belady_min on sequences whose MIN is
@@ -37,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <set>
 #include <string>
 #include <thread>
@@ -119,6 +125,46 @@ struct RawRead {
 // chunks from one shared counter, so the threads keep as many reads in flight
 // as the store's I/O threads would.
 constexpr int kMaxRawPasses = 1000;
+
+// Runs work(t) on `threads` threads at once, pass after pass: at least
+// `passes` of them and until `min_seconds` have passed (at most
+// kMaxRawPasses), or until stop() says so after a pass. reset() runs before
+// each pass; each pass's rate is bytes() (read after it) over its time, from
+// its start to the last thread's end.
+template <class Work, class Reset, class Bytes, class Stop>
+std::vector<double> timed_passes(uint32_t threads, int passes, double min_seconds, Work&& work, Reset&& reset,
+                                 Bytes&& bytes, Stop&& stop) {
+  std::atomic<bool> more{true};
+  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
+  auto worker = [&](uint32_t t) {
+    for (;;) {
+      sync.arrive_and_wait();
+      if (!more.load()) return;
+      work(t);
+      sync.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
+  std::vector<double> rates;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
+    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (pass >= passes && so_far >= min_seconds) break;
+    reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    sync.arrive_and_wait();  // start
+    sync.arrive_and_wait();  // every thread done
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) rates.push_back(double(bytes()) / s);
+    if (stop()) break;
+  }
+  more.store(false);
+  sync.arrive_and_wait();  // the workers see `more` and return
+  for (auto& t : ts) t.join();
+  return rates;
+}
+
 inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chunk, uint32_t threads, int passes,
                              uint64_t max_bytes, double min_seconds = 0) {
   RawRead out;
@@ -177,45 +223,25 @@ inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chu
   std::atomic<int> read_error{0};
   std::atomic<size_t> cursor{0};
   std::atomic<uint64_t> got{0};
-  std::atomic<bool> more{true};
-  std::barrier sync(static_cast<ptrdiff_t>(threads) + 1);
-  auto worker = [&](uint32_t t) {
-    for (;;) {
-      sync.arrive_and_wait();
-      if (!more.load()) return;
-      for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < pieces.size();) {
-        ssize_t n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
-        if (n < 0 && errno == EINVAL) {
-          direct_refused.store(true);
-          const int fl = fcntl(pieces[i].fd, F_GETFL);
-          if (fl >= 0) (void)fcntl(pieces[i].fd, F_SETFL, fl & ~O_DIRECT);
-          n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
-        }
-        if (n < 0) read_error.store(errno);
-        else got.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  auto work = [&](uint32_t t) {
+    for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < pieces.size();) {
+      ssize_t n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
+      if (n < 0 && errno == EINVAL) {
+        direct_refused.store(true);
+        const int fl = fcntl(pieces[i].fd, F_GETFL);
+        if (fl >= 0) (void)fcntl(pieces[i].fd, F_SETFL, fl & ~O_DIRECT);
+        n = pread(pieces[i].fd, bufs[t], chunk, static_cast<off_t>(pieces[i].off));
       }
-      sync.arrive_and_wait();
+      if (n < 0) read_error.store(errno);
+      else got.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     }
   };
-  std::vector<std::thread> ts;
-  for (uint32_t t = 0; t < threads; ++t) ts.emplace_back(worker, t);
-  std::vector<double> rates;
-  const auto start = std::chrono::steady_clock::now();
-  for (int pass = 0; pass < kMaxRawPasses; ++pass) {
-    const double so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass >= passes && so_far >= min_seconds) break;
+  auto reset = [&] {
     cursor.store(0);
     got.store(0);
-    const auto t0 = std::chrono::steady_clock::now();
-    sync.arrive_and_wait();  // start
-    sync.arrive_and_wait();  // every thread done
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) rates.push_back(double(got.load()) / s);
-    if (read_error.load() != 0) break;
-  }
-  more.store(false);
-  sync.arrive_and_wait();  // the workers see `more` and return
-  for (auto& t : ts) t.join();
+  };
+  std::vector<double> rates = timed_passes(
+      threads, passes, min_seconds, work, reset, [&] { return got.load(); }, [&] { return read_error.load() != 0; });
   for (void* b : bufs) std::free(b);
   close_all();
   if (direct_refused.load()) out.direct = false;
@@ -257,6 +283,76 @@ inline RawRead raw_read_best(const std::vector<std::string>& paths, uint64_t chu
   best.tried = tried;
   return best;
 }
+
+// ---- the cpu bound --------------------------------------------------------
+// What the cpus allow, beside what the store allows: each rank must copy every
+// shard it asks for into its KV buffer (the copy an engine cannot skip; the
+// demo's verification and the store's checksums are extra work on top). The
+// node's copies run on at most min(local ranks, cpus) cores at once, so
+//   cpu bound = local ranks x bytes per rank / memcpy rate on that many cores,
+// the rate measured here: `threads` threads at once, each copying a buffer of
+// `bytes` (larger than the last-level cache: memory speed, as the copies from
+// the cache's data plane are) into another, at least `passes` passes and
+// `min_seconds`. The best rate is each thread's best copy (bytes over its own
+// time) summed over the threads: on a machine other work shares, a pass where
+// no thread at all was disturbed is rare, a best copy per thread (made while
+// the others copy too) is not; so the bound errs towards asking more. The
+// median is the median pass's (all threads' bytes over the slowest thread's
+// time): how noisy the machine was.
+struct CopyRate {
+  double best_bytes_per_s = 0;    // every thread together: the sum of each one's best copy
+  double median_bytes_per_s = 0;
+  uint64_t bytes_per_thread = 0;
+  uint32_t threads = 0;
+  int passes = 0;
+  std::string error;  // not empty: nothing measured, and why
+};
+
+inline CopyRate memcpy_rate(uint32_t threads, uint64_t bytes, int passes, double min_seconds = 0) {
+  CopyRate out;
+  out.threads = threads = std::max<uint32_t>(threads, 1);
+  out.bytes_per_thread = bytes = std::max<uint64_t>(bytes, 4096);
+  std::vector<std::vector<uint8_t>> src(threads), dst(threads);
+  try {
+    for (uint32_t t = 0; t < threads; ++t) {
+      src[t].assign(bytes, uint8_t(t + 1));  // written once: no page is faulted in a timed pass
+      dst[t].assign(bytes, 0);
+    }
+  } catch (const std::bad_alloc&) {
+    out.error = "out of memory for the copy buffers";
+    return out;
+  }
+  std::vector<double> fastest(threads, 0);  // each thread's shortest copy, seconds (its own slot)
+  auto copy = [&](uint32_t t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst[t].data(), src[t].data(), bytes);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0 && (fastest[t] == 0 || s < fastest[t])) fastest[t] = s;
+  };
+  std::vector<double> rates =
+      timed_passes(threads, passes, min_seconds, copy, [] {}, [&] { return bytes * threads; }, [] { return false; });
+  if (rates.empty()) {
+    out.error = "no pass timed";
+    return out;
+  }
+  for (uint32_t t = 0; t < threads; ++t)
+    if (dst[t][bytes - 1] != uint8_t(t + 1)) out.error = "a copy did not land";  // nor can the compiler drop it
+  if (!out.error.empty()) return out;
+  out.passes = static_cast<int>(rates.size());
+  std::sort(rates.begin(), rates.end());
+  for (double s : fastest) out.best_bytes_per_s += s > 0 ? double(bytes) / s : 0;
+  out.best_bytes_per_s = std::max(out.best_bytes_per_s, rates.back());
+  out.median_bytes_per_s = rates[rates.size() / 2];
+  return out;
+}
+
+// The two bounds side by side: which one the decode cannot beat.
+struct Bounds {
+  double store_s = 0;  // achievable: the store's (fewest loads at the raw read rate)
+  double cpu_s = 0;    // the copies' (cpu bound above)
+  double binding_s() const { return std::max(store_s, cpu_s); }
+  const char* binding() const { return cpu_s > store_s ? "cpu" : "store"; }
+};
 
 // ---- the decode pipeline ------------------------------------------------------
 // ucm_demo's decode runs positions pos = step * layers + layer in order, with

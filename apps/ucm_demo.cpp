@@ -23,7 +23,14 @@
 // shard requests, from what the cache held when decode began), the decode
 // time those allow, and the fraction of it reached. Issue 15 counts the
 // fewest loads another way, as what 1 rank loads on the same cache: a 1-rank
-// run reports its own, an N-rank run takes it from --one-rank-loads.
+// run reports its own, an N-rank run takes it from --one-rank-loads. Beside
+// the store's bound, the cpus': every rank copies each shard it asks for into
+// its KV buffer, and the node's copies at the memcpy rate measured in the
+// same run on min(local ranks, cpus) threads take the cpu bound; the summary
+// says which of the two is binding (the larger) and the fraction of it
+// reached ("bound, cpu:" and "bound, binding:" lines; bound.cpu_bound_s,
+// bound.binding, bound.fraction_binding in --json), and the verification's
+// own rate ("verifying:", pipeline.verify_GBps_per_core).
 //
 //   mpirun -np 4 ucm_demo [--prompts 32] [--layers 16] [--shard-kib 256]
 //                         [--cache-mib 48] [--steps 3] [--hot 4] [--store DIR]
@@ -52,6 +59,7 @@
 #include <vector>
 
 #include "demo_bound.h"
+#include "demo_kv.h"
 #include "ucmcache/ucm.h"
 
 namespace {
@@ -131,6 +139,11 @@ bool parse(int argc, char** argv, Options* o) {
                          "0 <= raw-passes <= 100; one-rank-loads >= 0)\n");
     return false;
   }
+  if (uint64_t(o->layers) > ucm_demo::kMaxKvLayers) {
+    std::fprintf(stderr, "ucm_demo: --layers %d: at most %" PRIu64 " (the KV content tells that many layers apart)\n",
+                 o->layers, ucm_demo::kMaxKvLayers);
+    return false;
+  }
   if (o->window < 1) {
     std::fprintf(stderr, "ucm_demo: --window %d: at least 1 (1: each layer's task is submitted, waited for and "
                          "verified before the next)\n", o->window);
@@ -162,34 +175,12 @@ bool parse(int argc, char** argv, Options* o) {
   return true;
 }
 
-// The engine's KV content: a function of (block, layer, offset), so any rank
-// can verify what it got. Blocks 0..hot-1 are a shared prefix.
-uint64_t kv_word(uint64_t block, uint32_t layer, uint64_t i) {
-  uint64_t z = block * 0x9E3779B97F4A7C15ull ^ (uint64_t{layer} << 48) ^ (i * 0xBF58476D1CE4E5B9ull);
-  z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 29);
-}
-
-void fill_kv(uint64_t block, uint32_t layer, uint8_t* p, uint64_t bytes) {
-  for (uint64_t i = 0; i < bytes / 8; ++i) {
-    const uint64_t w = kv_word(block, layer, i);
-    std::memcpy(p + 8 * i, &w, 8);
-  }
-}
-
-bool check_kv(uint64_t block, uint32_t layer, const uint8_t* p, uint64_t bytes) {
-  for (uint64_t i = 0; i < bytes / 8; ++i) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * i, 8);
-    if (w != kv_word(block, layer, i)) return false;
-  }
-  return true;
-}
-
+// The engine's KV content (demo_kv.h): a function of (block, layer, offset),
+// so any rank can verify what it got. Blocks 0..hot-1 are a shared prefix.
 ucm_block_t block_id(uint64_t prompt) {
   // A block id is a hash of the tokens; here, of the prompt number.
   ucm_block_t b;
-  const uint64_t lo = kv_word(prompt, 0xffff, 1), hi = kv_word(prompt, 0xfffe, 2);
+  const uint64_t lo = ucm_demo::block_id_word(prompt, 0), hi = ucm_demo::block_id_word(prompt, 1);
   std::memcpy(b.bytes, &lo, 8);
   std::memcpy(b.bytes + 8, &hi, 8);
   return b;
@@ -256,13 +247,24 @@ Usage usage_now() {
   return u;
 }
 
-// The CPUs this rank may run on.
+// The CPUs the ranks on this rank's node may run on (the union of their
+// affinities: a rank bound to one core still shares the node's others).
 int usable_cpus() {
-  cpu_set_t set;
+  cpu_set_t set, all;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  CPU_ZERO(&all);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_SET(0, &set);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Allreduce(&set, &all, sizeof(set), MPI_BYTE, MPI_BOR, node);
+  MPI_Comm_free(&node);
+  return std::max(1, CPU_COUNT(&all));
 }
+
+// The cpu bound's memcpy buffers per thread: source and destination together
+// twice a 32 MiB last-level cache, so the rate is memory's, as the copies
+// out of the cache's data plane are.
+constexpr uint64_t kCopyRateBytes = uint64_t{32} << 20;
 
 // The raw read runs its passes for at least this long (and at least
 // --raw-passes of them), so that its best pass is a quiet one.
@@ -334,6 +336,9 @@ int main(int argc, char** argv) {
   info.struct_bytes = sizeof(info);
   (void)ucm_cache_info(cache, &info);
   const uint64_t shard = cfg.shard_bytes;
+  // Collective (the node's ranks): here, not where rank 0 measures the bound
+  // and the others must nap rather than poll in MPI.
+  const int cpus = usable_cpus();
   if (rank == 0)
     std::printf("ucm_demo: %d ranks (%d per node, %d nodes), %d prompts x %d layers x %" PRIu64
                 " KiB = %.1f MiB of KV, cache %.1f MiB per node, store %s, copy engine %s\n",
@@ -346,11 +351,12 @@ int main(int argc, char** argv) {
   // loads the task at position pos (step * layers + layer) into part pos % kv_layers.
   const size_t part_bytes = static_cast<size_t>(o.prompts) * shard;
   std::vector<uint8_t> kv(static_cast<size_t>(o.kv_layers) * part_bytes);
+  const ucm_demo::KvPattern pattern(shard);
   const auto t_prefill = std::chrono::steady_clock::now();
   for (int layer = 0; layer < o.layers && !o.decode_only; ++layer) {
     std::vector<ucm_dump_entry_t> es(o.prompts);
     for (int p = 0; p < o.prompts; ++p) {
-      fill_kv(p, layer, kv.data() + p * shard, shard);
+      pattern.fill(p, layer, kv.data() + p * shard);
       es[p].key.block = block_id(p);
       es[p].key.shard = static_cast<uint32_t>(layer);
       es[p].key.reserved = 0;
@@ -450,7 +456,7 @@ int main(int argc, char** argv) {
     const auto t_verify = std::chrono::steady_clock::now();
     const uint64_t cpu0 = thread_cpu_ns();
     for (int p = 0; p < o.prompts; ++p)
-      if (!check_kv(p, static_cast<uint32_t>(layer), part(pos) + p * shard, shard)) ++bad;
+      if (!pattern.check(p, layer, part(pos) + p * shard)) ++bad;
     if (clear) std::memset(part(pos), 0, part_bytes);
     verify_cpu_ns += thread_cpu_ns() - cpu0;
     verify_s += seconds_since(t_verify);
@@ -490,6 +496,14 @@ int main(int argc, char** argv) {
                                     {store_depth, store_depth * static_cast<uint32_t>(info.local_size)}, o.raw_passes,
                                     unique_shards * shard, kRawMinSeconds);
   }
+  // The cpu bound's memcpy rate, on as many threads as the node's copies can
+  // use cores at once (min(local ranks, cpus)), the others still asleep.
+  const int copy_cores = std::min(info.local_size, cpus);
+  ucm_demo::CopyRate copy;
+  if (rank == 0) {
+    if (o.raw_passes == 0) copy.error = "--raw-passes 0";
+    else copy = ucm_demo::memcpy_rate(static_cast<uint32_t>(copy_cores), kCopyRateBytes, o.raw_passes, kRawMinSeconds);
+  }
   quiet_barrier();
 
   // ---- summary -----------------------------------------------------------
@@ -518,7 +532,6 @@ int main(int argc, char** argv) {
   const uint64_t counts[3] = {use1.vcsw - use0.vcsw, use1.ivcsw - use0.ivcsw, failed_tasks};
   uint64_t counts_sum[3] = {};
   MPI_Reduce(counts, counts_sum, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-  const int cpus = usable_cpus();
   const uint64_t my_loads = mine.owner_loads - mine0.owner_loads;
   std::vector<uint64_t> rank_loads(rank == 0 ? size : 0);
   MPI_Gather(&my_loads, 1, MPI_UINT64_T, rank_loads.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -552,6 +565,11 @@ int main(int argc, char** argv) {
                 "%.2f of %d cpus x decode; %" PRIu64 " voluntary, %" PRIu64 " involuntary context switches\n",
                 cpu_sum[0], size, cpu_max, cpu_sum[1], cpu_sum[2], cpu_sum[0] / (double(cpus) * decode_s), cpus,
                 counts_sum[0], counts_sum[1]);
+    // Every rank checks every shard it asks for: copy_bytes_rank each.
+    const uint64_t copy_bytes_rank = tasks * uint64_t(o.prompts) * shard;
+    const double verify_rate = cpu_sum[2] > 0 ? double(copy_bytes_rank) * size / cpu_sum[2] : 0;
+    std::printf("  verifying: %.2f GB/s per core (%.1f MiB checked per rank%s)\n", verify_rate / 1e9,
+                double(copy_bytes_rank) / (1 << 20), clear ? ", the cpu time includes clearing" : "");
 
     // The bound, for node 0. Its sequence of shard requests is the program's
     // order (every local rank asks for the same keys); a shard it loaded may
@@ -571,6 +589,13 @@ int main(int argc, char** argv) {
     const double fraction = achievable_s > 0 ? achievable_s / decode_s : 0;
     const double fraction_tasks = achievable_s > 0 && in_tasks_max > 0 ? achievable_s / in_tasks_max : 0;
     const double fraction_1r = achievable_1r_s > 0 ? achievable_1r_s / decode_s : 0;
+    // The cpu bound: the node's copies into the KV buffers at the memcpy rate
+    // of copy_cores cores at once.
+    const bool copy_known = copy.error.empty() && copy.best_bytes_per_s > 0;
+    ucm_demo::Bounds bounds;
+    bounds.store_s = achievable_s;
+    bounds.cpu_s = copy_known ? double(copy_bytes_rank) * info.local_size / copy.best_bytes_per_s : 0;
+    const double fraction_binding = bounds.binding_s() > 0 ? bounds.binding_s() / decode_s : 0;
     uint64_t lmax = 0, lmin = UINT64_MAX;
     for (uint64_t l : rank_loads) lmax = std::max(lmax, l), lmin = std::min(lmin, l);
     std::printf("  owner loads per rank in decode: max %" PRIu64 ", min %" PRIu64, lmax, lmin);
@@ -610,6 +635,18 @@ int main(int argc, char** argv) {
     } else {
       std::printf("  bound: raw read rate not measured (%s), so no achievable time\n", raw.error.c_str());
     }
+    if (copy_known) {
+      std::printf("  bound, cpu: each rank copies %.1f MiB into its KV buffer, the node %.1f MiB, at memcpy %.2f GB/s "
+                  "on %u threads (%.2f GB/s per core: each thread's best copy in %d passes; median pass %.2f GB/s): %.3f s\n",
+                  double(copy_bytes_rank) / (1 << 20), double(copy_bytes_rank) * info.local_size / (1 << 20),
+                  copy.best_bytes_per_s / 1e9, copy.threads, copy.best_bytes_per_s / 1e9 / copy.threads, copy.passes,
+                  copy.median_bytes_per_s / 1e9, bounds.cpu_s);
+      if (achievable_s > 0)
+        std::printf("  bound, binding: the %s (store %.3f s by Belady's MIN, cpu %.3f s); reached %.3f of it\n",
+                    bounds.binding(), bounds.store_s, bounds.cpu_s, fraction_binding);
+    } else {
+      std::printf("  bound, cpu: memcpy rate not measured (%s)\n", copy.error.c_str());
+    }
 
     if (!o.json.empty()) {
       FILE* f = std::fopen(o.json.c_str(), "w");
@@ -638,7 +675,7 @@ int main(int argc, char** argv) {
                      ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
                      "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
                      "    \"achievable_s\": %s, \"fraction\": %s, \"fraction_in_tasks\": %s,\n"
-                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s\n  },\n",
+                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s,\n",
                      size, info.local_size, info.node_count, o.prompts, o.layers, shard, uint64_t(cfg.cache_bytes), o.steps,
                      o.hot, esc(cfg.backend).c_str(), prefill_s, decode_s, in_tasks_max, tasks, unique_shards, loads,
                      double(loads) / double(unique_shards), lmax, lmin,
@@ -652,15 +689,26 @@ int main(int argc, char** argv) {
                      num(achievable_1r_s, rate > 0 && one_rank >= 0).c_str(),
                      num(fraction_1r, rate > 0 && one_rank >= 0).c_str());
         std::fprintf(f,
+                     "    \"cpu_copy_bytes_per_rank\": %" PRIu64 ", \"cpu_copy_cores\": %d, \"memcpy_error\": \"%s\", "
+                     "\"memcpy_threads\": %u, \"memcpy_passes\": %d,\n"
+                     "    \"memcpy_best_GBps\": %s, \"memcpy_median_GBps\": %s, \"cpu_bound_s\": %s,\n"
+                     "    \"binding\": %s, \"fraction_binding\": %s\n  },\n",
+                     copy_bytes_rank, copy_cores, esc(copy.error).c_str(), copy.threads, copy.passes,
+                     num(copy.best_bytes_per_s / 1e9, copy_known).c_str(),
+                     num(copy.median_bytes_per_s / 1e9, copy_known).c_str(), num(bounds.cpu_s, copy_known).c_str(),
+                     copy_known && rate > 0 ? (std::string("\"") + bounds.binding() + "\"").c_str() : "null",
+                     num(fraction_binding, copy_known && rate > 0).c_str());
+        std::fprintf(f,
                      "  \"pipeline\": {\n    \"window\": %d, \"kv_layers\": %d, \"flight_max\": %" PRIu64
                      ", \"failed_tasks\": %" PRIu64 ",\n"
                      "    \"submit_s_max\": %.6f, \"wait_s_max\": %.6f, \"verify_s_max\": %.6f, \"barrier_s_max\": %.6f,\n"
                      "    \"cpu_s_sum\": %.6f, \"cpu_s_max\": %.6f, \"app_thread_cpu_s_sum\": %.6f, "
-                     "\"verify_cpu_s_sum\": %.6f, \"cpus\": %d,\n"
+                     "\"verify_cpu_s_sum\": %.6f, \"verify_GBps_per_core\": %.6f, \"cpus\": %d,\n"
                      "    \"voluntary_csw\": %" PRIu64 ", \"involuntary_csw\": %" PRIu64 ", \"raw_threads_tried\": \"%s\"\n"
                      "  }\n}\n",
                      o.window, o.kv_layers, flight_max, counts_sum[2], split_max[0], split_max[1], split_max[2],
-                     split_max[3], cpu_sum[0], cpu_max, cpu_sum[1], cpu_sum[2], cpus, counts_sum[0], counts_sum[1],
+                     split_max[3], cpu_sum[0], cpu_max, cpu_sum[1], cpu_sum[2], verify_rate / 1e9, cpus, counts_sum[0],
+                     counts_sum[1],
                      esc(raw.tried).c_str());
         std::fclose(f);
       }

@@ -48,16 +48,13 @@ uint64_t watch_ready(const Job& job, ucm_cache_t cache, const ucm_key_t& uk) {
   GetResult g;
   if (cb->get(k, &g) != Result::kOk) die(job, "CacheBuffer::get", UCM_ERR_INTERNAL, last_error().c_str());
   if (g.kind == GetKind::kOwner) die(job, "watch_ready", UCM_ERR_INTERNAL, "the watcher became the owner");
-  std::atomic<uint32_t>& word = cb->ctrl().slot(g.slot).word;
+  // The cache's own wait (it flags the waiters bit by the slot word's table,
+  // ctrl/slot_word.h T9, and sleeps on the futex), not a copy of it.
+  uint32_t w = g.word;
   for (;;) {
-    uint32_t w = word.load(std::memory_order_acquire);
     const State st = word_state(w);
     if (st == State::kReady || st == State::kFailed || now_ns() >= deadline) break;
-    if (!(w & kWordWaiters)) {
-      (void)word.compare_exchange_weak(w, w | kWordWaiters, std::memory_order_relaxed);
-      continue;
-    }
-    (void)futex_wait(&word, w, deadline);
+    if (cb->wait_for_change(g.slot, w, deadline, &w) != Result::kOk) break;
   }
   const uint64_t t = now_ns();
   cb->release(g.slot);

@@ -352,10 +352,12 @@ typedef struct ucm_stats {
  * If calls are still running after timeout_ms (a thread stuck in the kernel),
  * the ranks still meet, but the cache's memory and threads are left in place
  * rather than freed under those calls, until the process exits: the result is
- * UCM_ERR_TIMEOUT, naming how many. The store's I/O threads get timeout_ms
- * too: any still in the kernel then (a hard-mounted NFS that stopped
- * answering) are detached, never joined, and the result is UCM_ERR_TIMEOUT
- * naming how many; the store object they return into stays allocated, and
+ * UCM_ERR_TIMEOUT, naming how many. The store's I/O threads get what is left
+ * of the same timeout_ms (never a second one): any still in the kernel at the
+ * deadline (a hard-mounted NFS that stopped answering) are detached, never
+ * joined, and the result is UCM_ERR_TIMEOUT naming how many, also when a peer
+ * did not come (the result names both); the store object they return into
+ * stays allocated, and
  * this rank's mapping of the cache is replaced by an inaccessible one at the
  * same address, so that a read the kernel completes late fails (EFAULT)
  * instead of writing into the cache. A second finalize of the same handle

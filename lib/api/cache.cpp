@@ -56,7 +56,7 @@ std::string describe_node_split(const NodeContext& n, uint32_t ranks_per_node) {
 }  // namespace
 
 
-Cache::~Cache() { release_local(); }
+Cache::~Cache() { release_local(deadline_after_ms(config_.timeout_ms)); }
 
 void Cache::set_error(const std::string& e) {
   std::lock_guard<std::mutex> g(error_mu_);
@@ -299,19 +299,21 @@ std::atomic<uint64_t> g_io_threads_left{0};
 
 uint64_t Cache::io_threads_left_behind() { return g_io_threads_left.load(std::memory_order_relaxed); }
 
-void Cache::release_local() {
+void Cache::release_local(uint64_t deadline_ns) {
   // Order matters: the queue's threads stop first; the backend then completes
   // every I/O still in flight (its completions touch the queue and the cache);
   // only then do the cache and the planes go.
   fanout_.reset();
   if (queue_) queue_->stop();
-  // Bounded by timeout_ms: a store stuck in the kernel (a hard-mounted NFS
-  // that stopped answering) must not hang finalize. Its stuck threads are
+  // Bounded by the caller's deadline (finalize's: what is left of timeout_ms
+  // after the peers' meeting, never a fresh timeout_ms on top of it): a store
+  // stuck in the kernel (a hard-mounted NFS that stopped answering) must not
+  // hang finalize. Its stuck threads are
   // detached; they may return into the store object (kept: never freed) and
   // still write into a slot from the kernel, so the data plane is fenced off
   // below before this rank's pins go.
   if (backend_) {
-    io_left_ = backend_->shutdown(deadline_after_ms(config_.timeout_ms));
+    io_left_ = backend_->shutdown(deadline_ns);
     if (io_left_ > 0) {
       g_io_threads_left.fetch_add(io_left_, std::memory_order_relaxed);
       // Kept, not freed: its stuck threads return into it. Reachable from a
@@ -387,16 +389,22 @@ Result Cache::depart(uint64_t deadline_ns) {
 }
 
 Result Cache::finalize(uint64_t deadline_ns) {
+  // One deadline for every step: a peer that never comes and then a store
+  // stuck in the kernel share timeout_ms, they do not take it twice.
   const Result r = depart(deadline_ns);
   const std::string why = r == Result::kOk ? std::string() : last_error();
-  release_local();
-  if (r != Result::kOk) return fail(r, "%s (this rank released everything it held)", why.c_str());
+  release_local(deadline_ns);
+  std::string left;  // what this rank leaves behind, whatever else went wrong
   if (io_left_ > 0)
-    return fail(Result::kTimeout,
-                "the cache is finalized, but %u of the store's I/O thread(s) were still in the kernel %u ms "
-                "(timeout_ms) after finalize began: they are detached, never joined, and the data plane is fenced "
-                "off (PROT_NONE) so that a late write cannot land in the cache",
-                io_left_, config_.timeout_ms);
+    left = std::to_string(io_left_) +
+           " of the store's I/O thread(s) were still in the kernel at finalize's deadline (timeout_ms " +
+           std::to_string(config_.timeout_ms) +
+           " after it began): they are detached, never joined, and the data plane is fenced off (PROT_NONE) so "
+           "that a late write cannot land in the cache";
+  if (r != Result::kOk)
+    return fail(r, "%s (this rank released everything it held)%s%s", why.c_str(), left.empty() ? "" : "; also: ",
+                left.c_str());
+  if (!left.empty()) return fail(Result::kTimeout, "the cache is finalized, but %s", left.c_str());
   return r;
 }
 

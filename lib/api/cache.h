@@ -111,7 +111,9 @@ class Cache {
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
   Result open_rank();
   Result open_fanout();  // init step 7 (api/cache_fanout.cpp)
-  void release_local();
+  // Tears down what this rank holds; the store's I/O threads get until
+  // deadline_ns (finalize's one deadline: what is left of timeout_ms).
+  void release_local(uint64_t deadline_ns);
   uint32_t io_left_ = 0;  // this cache's store threads left in the kernel at finalize
 
   ucm_config_t config_{};

@@ -66,12 +66,17 @@ int openat_retry(int dir_fd, const char* name, int flags, mode_t mode) {
   return fd;
 }
 
-// Turns O_DIRECT on or off for one open file (each request has its own fd).
+// The file status flags a block file is opened with (open_block): F_SETFL
+// takes the whole set and ignores the access mode and the creation flags
+// (O_RDONLY, O_CREAT, O_NOFOLLOW; O_CLOEXEC is the descriptor's), so
+// set_direct knows the set without asking for it.
+constexpr int kStatusFlags = O_NONBLOCK;
+
+// Turns O_DIRECT on or off for one open file (each request has its own fd):
+// one F_SETFL, no F_GETFL.
 bool set_direct(int fd, bool on) {
-  t_syscalls += 2;
-  const int fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return false;
-  return fcntl(fd, F_SETFL, on ? (fl | O_DIRECT) : (fl & ~O_DIRECT)) == 0;
+  ++t_syscalls;
+  return fcntl(fd, F_SETFL, kStatusFlags | (on ? O_DIRECT : 0)) == 0;
 }
 
 const char* file_kind(mode_t m) {
@@ -284,17 +289,22 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
   cv_.notify_all();
   // Requests still queued get their one completion.
   for (auto& [req, is_load] : queued) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+  // Left behind are the threads inside a request at the deadline (in the
+  // kernel, or about to be). An idle thread holds nothing and only has to be
+  // scheduled to leave, so with none inside a request every thread is joined,
+  // even when the deadline has passed already (finalize's deadline may be
+  // spent by a peer that never came).
   uint32_t left = 0;
   {
     std::unique_lock<std::mutex> lk(mu_);
     const size_t n = threads_.size();
-    while (exited_ < n) {
+    while (exited_ < n && in_request_ > 0) {
       const uint64_t now = now_ns();
       if (now >= deadline_ns) break;
       if (deadline_ns == kNoDeadline) exit_cv_.wait(lk);
       else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
     }
-    left = static_cast<uint32_t>(n - std::min<size_t>(exited_, n));
+    left = in_request_;
   }
   if (left == 0) {
     for (auto& t : threads_) t.join();
@@ -344,6 +354,7 @@ void PosixBackend::worker() {
       if (stopping_) break;
       item = queue_.front();
       queue_.pop_front();
+      ++in_request_;
       if (item.second) {
         ++busy_loads_;
         ++occ_.loads;
@@ -374,6 +385,8 @@ void PosixBackend::worker() {
     // Left behind by shutdown(): whoever gave us the request is gone.
     if (abandoned_) return;
     item.first->done(item.first);
+    std::lock_guard<std::mutex> lk(mu_);
+    --in_request_;
   }
   std::lock_guard<std::mutex> g(mu_);
   ++exited_;
@@ -395,7 +408,7 @@ Result PosixBackend::open_block(const Key& k, bool for_dump, int* out, char* err
   *out = -1;
   const std::string name = block_name(k.block);
   const std::string path = opts_.dir + "/" + name;
-  const int flags = (for_dump ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  const int flags = (for_dump ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | kStatusFlags | O_CLOEXEC;
   const int fd = openat_retry(dir_fd_, name.c_str(), flags, static_cast<mode_t>(opts_.file_mode));
   if (fd < 0) {
     const int e = errno;
@@ -452,7 +465,9 @@ void PosixBackend::stop_direct(const char* why) {
 // system may still refuse (EINVAL: at fcntl where it takes no O_DIRECT at
 // all, at the transfer where its real alignment is stricter than reported):
 // the transfer is then redone buffered, the request marked, and direct I/O
-// dropped for good. Leaves the fd buffered for the header.
+// dropped for good. Leaves a dump's fd buffered for the header written after
+// it; a load read its header first and closes the fd next, so its fd is left
+// as it is (one fcntl per direct load, not four).
 ssize_t PosixBackend::transfer(IoRequest* req, int fd, bool is_load) {
   const off_t off = static_cast<off_t>(uint64_t{req->key.shard} * ctx_.shard_bytes);
   auto io = [&] {
@@ -468,7 +483,7 @@ ssize_t PosixBackend::transfer(IoRequest* req, int fd, bool is_load) {
   }
   ssize_t n = io();
   const bool refused = n == -EINVAL;
-  if (!set_direct(fd, false)) return refused ? n : (n < 0 ? n : -EIO);
+  if ((refused || !is_load) && !set_direct(fd, false)) return refused ? n : (n < 0 ? n : -EIO);
   if (refused) {
     req->direct_fallback = true;
     stop_direct(is_load ? "a direct read: Invalid argument" : "a direct write: Invalid argument");

@@ -156,6 +156,7 @@ class PosixBackend final : public Backend {
   std::deque<std::pair<IoRequest*, bool>> queue_;
   bool stopping_ = false;
   uint32_t exited_ = 0;  // under mu_: workers that returned
+  uint32_t in_request_ = 0;  // under mu_: workers between taking a request and its done()
   uint32_t busy_loads_ = 0;  // under mu_: loads on an I/O thread now
   Occupancy occ_;            // under mu_, but for occ_.syscalls
   std::atomic<uint64_t> load_syscalls_{0};

@@ -378,6 +378,34 @@ void FdServer::summarize_refusals(bool final) {
   last_summary_ns_ = now;
 }
 
+bool FdServer::read_hello(int conn, uint32_t local_rank, pid_t pid, uint64_t deadline_ns, WireHello* hello) {
+  // The Hello: one message, exactly a header and a WireHello.
+  uint8_t buf[sizeof(WireHeader) + sizeof(WireHello) + 16];
+  if (poll_in(conn, std::min(deadline_ns, now_ns() + kHelloBoundNs)) <= 0) {
+    refuse("pid %d connected but sent no hello in time; refused", pid);
+    return false;
+  }
+  msghdr m{};
+  iovec iov{buf, sizeof(buf)};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = recvmsg(conn, &m, MSG_DONTWAIT);
+  WireHeader h{};
+  if (n == static_cast<ssize_t>(sizeof(h) + sizeof(*hello)) && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    std::memcpy(&h, buf, sizeof(h));
+    std::memcpy(hello, buf + sizeof(h), sizeof(*hello));
+  }
+  if (!header_ok(h, nonce_, WireKind::kHello) || h.payload_bytes != sizeof(*hello) || h.nfds != 0 ||
+      hello->local_rank != local_rank || hello->pid != pid) {
+    if (n == 0)
+      refuse("pid %d hung up without a hello; refused", pid);
+    else
+      refuse("pid %d sent a malformed hello (%zd bytes); refused", pid, n);
+    return false;
+  }
+  return true;
+}
+
 Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
                            const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds,
                            uint64_t deadline_ns, int store_fd) {
@@ -400,31 +428,8 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
            cred.pid, peers[idx].local_rank, peers[idx].id.start_ticks, ticks);
     return Result::kOk;
   }
-  // The Hello: one message, exactly a header and a WireHello.
-  uint8_t buf[sizeof(WireHeader) + sizeof(WireHello) + 16];
-  if (poll_in(conn, std::min(deadline_ns, now_ns() + kHelloBoundNs)) <= 0) {
-    refuse("pid %d connected but sent no hello in time; refused", cred.pid);
-    return Result::kOk;
-  }
-  msghdr m{};
-  iovec iov{buf, sizeof(buf)};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  const ssize_t n = recvmsg(conn, &m, MSG_DONTWAIT);
-  WireHeader h{};
   WireHello hello{};
-  if (n == static_cast<ssize_t>(sizeof(h) + sizeof(hello)) && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-    std::memcpy(&h, buf, sizeof(h));
-    std::memcpy(&hello, buf + sizeof(h), sizeof(hello));
-  }
-  if (!header_ok(h, nonce_, WireKind::kHello) || h.payload_bytes != sizeof(hello) || h.nfds != 0 ||
-      hello.local_rank != peers[idx].local_rank || hello.pid != cred.pid) {
-    if (n == 0)
-      refuse("pid %d hung up without a hello; refused", cred.pid);
-    else
-      refuse("pid %d sent a malformed hello (%zd bytes); refused", cred.pid, n);
-    return Result::kOk;
-  }
+  if (!read_hello(conn, peers[idx].local_rank, cred.pid, deadline_ns, &hello)) return Result::kOk;
   std::vector<int> fds{ctrl_fd};
   if (hello.want_data) fds.insert(fds.end(), data_fds.begin(), data_fds.end());
   if (store_fd >= 0) fds.push_back(store_fd);

@@ -128,6 +128,10 @@ class FdServer {
   Result serve_one(int conn, const std::vector<PeerExpectation>& peers, std::vector<bool>* served,
                    const PlaneDescriptor& desc, int ctrl_fd, const std::vector<int>& data_fds, uint64_t deadline_ns,
                    int store_fd);
+  // Reads the connected peer's Hello (bounded by kHelloBoundNs); false when
+  // it sent none, or one that is not local rank `local_rank`'s from `pid`
+  // (the connection is refused and counted).
+  bool read_hello(int conn, uint32_t local_rank, pid_t pid, uint64_t deadline_ns, WireHello* hello);
   // Counts a refusal; logs it in full, or folds it into the next summary line.
   void refuse(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   // Logs the refusals not yet logged (at most once a second unless `final`).

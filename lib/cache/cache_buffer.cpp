@@ -268,17 +268,22 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       bump(ctr_->no_space);
       return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned, or protected until a peer copies it", c.regular_slots());
     }
-    // The caller's next move is to fill the slot: start bringing its first
-    // line (and its page's translation) in while we finish the bookkeeping.
-    __builtin_prefetch(data_->at(v), 1, 3);
-    install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);  // T1 [R1]: Idle, ours, with the hold
-    shared_unlock(lock);
-    note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
-    bump(ctr_->owner_misses);
-    if (evicted) bump(ctr_->evictions);
-    *out = GetResult{GetKind::kOwner, v, c.slot(v).word.load(std::memory_order_relaxed), false, evicted};
+    own_new_slot(v, b, k, evicted, out);
     return Result::kOk;
   }
+}
+
+void CacheBuffer::own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out) {
+  const BufferCtrl& c = *ctrl_;
+  // The caller's next move is to fill the slot: start bringing its first
+  // line (and its page's translation) in while we finish the bookkeeping.
+  __builtin_prefetch(data_->at(v), 1, 3);
+  install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);  // T1 [R1]: Idle, ours, with the hold
+  shared_unlock(&c.bucket(b).lock);
+  note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
+  bump(ctr_->owner_misses);
+  if (evicted) bump(ctr_->evictions);
+  *out = GetResult{GetKind::kOwner, v, c.slot(v).word.load(std::memory_order_relaxed), false, evicted};
 }
 
 Result CacheBuffer::wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk) {

@@ -220,6 +220,9 @@ class CacheBuffer {
   // The decision on a pinned slot that held k; the caller drops the pin on kRetry or an error.
   Result attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a);
   Result get_locked(const Key& k, uint32_t b, GetResult* out);
+  // get_locked took slot v for k under bucket b's lock: installs it Idle and
+  // ours with the hold, lets the bucket go and reports the miss as owner.
+  void own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out);
   // get_locked found k on a slot an evictor claims: bounded wait, reaping a dead claimer.
   Result wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk);
   Result set_final_state(uint32_t slot, State s, bool for_write, const char* what);

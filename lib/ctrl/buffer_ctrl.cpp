@@ -292,37 +292,42 @@ std::string ordinary_note(bool asked) {
 
 }  // namespace
 
+Result BufferCtrl::map_new_region(uint64_t region_bytes, CtrlPages pages) {
+  std::string huge_why;
+  int hfd = -1;
+  void* hbase = nullptr;
+  uint64_t hbytes = 0;
+  if (pages == CtrlPages::kAuto && make_huge_region(region_bytes, &hfd, &hbase, &hbytes, &huge_why)) {
+    fd_ = hfd;
+    base_ = static_cast<uint8_t*>(hbase);
+    bytes_ = hbytes;
+    hugetlb_ = true;
+    pages_note_ = "2 MiB hugetlb pages";
+    return Result::kOk;
+  }
+  int fd;
+  UCM_SYSCHECK(fd = memfd_create("ucmcache-ctrl", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create(ucmcache-ctrl)");
+  fd_ = fd;
+  UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(region_bytes)), "ftruncate(control region)");
+  UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, control)");
+  void* m = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED)
+    return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", region_bytes, strerror(errno));
+  base_ = static_cast<uint8_t*>(m);
+  bytes_ = region_bytes;
+  if (pages == CtrlPages::kAuto) (void)madvise(m, region_bytes, MADV_HUGEPAGE);  // a hint
+  pages_note_ = ordinary_note(pages == CtrlPages::kAuto);
+  if (!huge_why.empty()) pages_note_ += "; no hugetlb: " + huge_why;
+  return Result::kOk;
+}
+
 Result BufferCtrl::create(const CtrlParams& params, BufferCtrl* out, CtrlPages pages) {
   UCM_CHECK(validate_ctrl_params(params));
   const CtrlParams p = resolve_ctrl_params(params);
   const RegionLayout l = compute_layout(p);
 
   BufferCtrl c;
-  std::string huge_why;
-  int hfd = -1;
-  void* hbase = nullptr;
-  uint64_t hbytes = 0;
-  if (pages == CtrlPages::kAuto && make_huge_region(l.region_bytes, &hfd, &hbase, &hbytes, &huge_why)) {
-    c.fd_ = hfd;
-    c.base_ = static_cast<uint8_t*>(hbase);
-    c.bytes_ = hbytes;
-    c.hugetlb_ = true;
-    c.pages_note_ = "2 MiB hugetlb pages";
-  } else {
-    int fd;
-    UCM_SYSCHECK(fd = memfd_create("ucmcache-ctrl", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create(ucmcache-ctrl)");
-    c.fd_ = fd;
-    UCM_SYSCHECK(ftruncate(fd, static_cast<off_t>(l.region_bytes)), "ftruncate(control region)");
-    UCM_SYSCHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), "fcntl(F_ADD_SEALS, control)");
-    void* m = mmap(nullptr, l.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED)
-      return fail(Result::kSystem, "mmap(control region, %" PRIu64 " bytes): %s", l.region_bytes, strerror(errno));
-    c.base_ = static_cast<uint8_t*>(m);
-    c.bytes_ = l.region_bytes;
-    if (pages == CtrlPages::kAuto) (void)madvise(m, l.region_bytes, MADV_HUGEPAGE);  // a hint
-    c.pages_note_ = ordinary_note(pages == CtrlPages::kAuto);
-    if (!huge_why.empty()) c.pages_note_ += "; no hugetlb: " + huge_why;
-  }
+  UCM_CHECK(c.map_new_region(l.region_bytes, pages));
   g_ctrl_epoch.fetch_add(1, std::memory_order_relaxed);
 
   // The memfd is zero-filled: fill in what is not zero, header last.

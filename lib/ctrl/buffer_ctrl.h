@@ -135,6 +135,9 @@ class BufferCtrl {
  private:
   Result map_and_check(int fd, const CtrlParams* expect, CtrlPages pages);
   Result map_region(int fd, CtrlPages pages, uint64_t* file_bytes);
+  // create(): a new region of region_bytes (hugetlb when pages allow and the
+  // kernel has them, else a sealed memfd), mapped into this empty object.
+  [[nodiscard]] Result map_new_region(uint64_t region_bytes, CtrlPages pages);
   void cache_fields();
   void reset();
 

@@ -14,17 +14,18 @@
 #include "ctrl/layout.h"
 #include "ctrl/protect.h"
 #include "sync/futex.h"
+#include "queue/load_queue_impl.h"
 #include "queue/rearrange.h"
 
 namespace ucm {
+using load_queue_impl::add;
+using load_queue_impl::kStopCheckNs;
+
 namespace {
 
 constexpr size_t kCopyWindow = 8;               // copies in flight before the copier waits
 constexpr size_t kBatchMax = 32;                // dispatcher entries handed to the copier at once, at most
-constexpr uint64_t kStopCheckNs = 20'000'000;   // how often blocked threads look at stopping_
 constexpr uint64_t kLegacyStepNapNs = 50'000;   // order=natural: between looks at the shard in flight
-
-inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
 // The queue whose dispatcher runs on this thread: get() and start_load()
 // also run on the copier, which holds no batch.
@@ -46,19 +47,6 @@ void note_overdue(const void* io, bool add_it) {
 }
 
 }  // namespace
-
-// One backend I/O into a slot. Holds its own pin on the slot until done.
-struct LoadQueue::Io {
-  IoRequest req;
-  LoadQueue* queue;
-  std::shared_ptr<Task> task;  // dumps: the entry completes with the write
-  uint32_t index;
-  uint32_t slot;
-  bool is_load;
-  uint64_t deadline_ns = kNoDeadline;  // the task's
-  uint32_t word = 0;                   // the slot's word when the load began (abandon_load's check)
-  bool expired = false;                // under io_mu_: the completion is late, and only drops the pin
-};
 
 LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, const Placement& placement,
                      const QueueOptions& opts)
@@ -159,11 +147,6 @@ std::string LoadQueue::key_text(const Key& k) const {
   return buf;
 }
 
-bool LoadQueue::task_pending() {
-  std::lock_guard<std::mutex> g(mu_);
-  return !pending_.empty() || stopping_;
-}
-
 // Without the lock: every entry asks, and stop() sets the flag under it.
 bool LoadQueue::stopping() { return stop_flag_.load(std::memory_order_acquire); }
 
@@ -241,72 +224,92 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     if (!opts_.rotate) wait_legacy_step(*t, entries.size() - (n + 1));
   }
   flush_batch();  // our stride: one lock and one wake for all of it
-  // The peers' strides: a rank that arrives first would otherwise own every
-  // shard its peers have not asked for yet, and the node's loads would run
-  // from one rank. So a peer's entry waits (at most owner_grace) until some
-  // rank loads it; only what nobody took by then is ours to load. While it
-  // waits, the dispatcher sleeps on the node's defer bell, which a rank that
-  // starts serving a key rings when someone defers (ctrl/protect.h).
   std::vector<uint32_t> deferred(order.begin() + static_cast<long>(own), order.end());
+  if (!dispatch_deferred(t, &deferred)) return;
+  if (t->kind() == TaskKind::kLoad && opts_.prealloc) prealloc_next(*t);
+}
+
+// The peers' strides: a rank that arrives first would otherwise own every
+// shard its peers have not asked for yet, and the node's loads would run
+// from one rank. So a peer's entry waits (at most owner_grace) until some
+// rank loads it; only what nobody took by then is ours to load. While it
+// waits, the dispatcher sleeps on the node's defer bell, which a rank that
+// starts serving a key rings when someone defers (ctrl/protect.h).
+bool LoadQueue::dispatch_deferred(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred) {
   const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
-  CtrlGlobals& globals = cache_->ctrl().globals();
-  const uint32_t my_bit = 1u << opts_.local_rank;
-  bool announced = false;
-  uint64_t sleep_cpu0 = 0, sleep_wall0 = 0;  // at the first sleep of this task
-  auto end_deferral = [&] {
-    if (!announced) return;
-    globals.deferring.fetch_and(~my_bit, std::memory_order_relaxed);
-    deferring_.store(false, std::memory_order_relaxed);
-    if (sleep_wall0 != 0) {
-      defer_cpu_ns_.fetch_add(thread_cpu_ns() - sleep_cpu0, std::memory_order_relaxed);
-      defer_wall_ns_.fetch_add(now_ns() - sleep_wall0, std::memory_order_relaxed);
-    }
-  };
-  while (!deferred.empty()) {
+  DeferSpan span;
+  while (!deferred->empty()) {
     const bool expired = now_ns() >= grace_end || stopping();
-    uint32_t bell = 0;
-    if (!expired) {
-      // Announce, then read the bell, then look (protect.h: a peer that
-      // starts serving a key after our look sees the bit and rings).
-      if (!announced) {
-        announced = true;
-        deferring_.store(true, std::memory_order_seq_cst);
-        globals.deferring.fetch_or(my_bit, std::memory_order_seq_cst);
-      }
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      bell = globals.defer_bell.load(std::memory_order_seq_cst);
+    const uint32_t bell = expired ? 0 : defer_announce(&span);
+    const size_t before = deferred->size();
+    if (!dispatch_served(t, deferred, expired)) {
+      defer_end(span);
+      return false;
     }
-    size_t kept = 0;
-    for (size_t n = 0; n < deferred.size(); ++n) {
-      const uint32_t i = deferred[n];
-      if (!expired && !cache_->being_served(entries[i].key)) {
-        deferred[kept++] = i;
-        continue;
-      }
-      if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
-        std::vector<uint32_t> rest(deferred.begin(), deferred.begin() + static_cast<long>(kept));
-        rest.insert(rest.end(), deferred.begin() + static_cast<long>(n) + 1, deferred.end());
-        end_deferral();
-        flush_batch();
-        return fail_rest(t, rest, 0);
-      }
-    }
-    const bool moved = kept != deferred.size();
-    deferred.resize(kept);
     flush_batch();
-    if (deferred.empty() || expired || moved) continue;
+    if (deferred->empty() || expired || deferred->size() != before) continue;
     // Nothing of the rest is served yet: sleep until a peer serves a key,
     // the grace ends, or the stop check is due (each wait is bounded).
-    if (sleep_wall0 == 0) {
-      sleep_wall0 = now_ns();
-      sleep_cpu0 = thread_cpu_ns();
-    }
-    defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
-    (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
-    if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
+    defer_sleep(&span, bell, grace_end);
   }
-  end_deferral();
-  if (t->kind() == TaskKind::kLoad && opts_.prealloc) idle_prealloc(*t);
+  defer_end(span);
+  return true;
+}
+
+bool LoadQueue::dispatch_served(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred, bool expired) {
+  const auto& entries = t->entries();
+  std::vector<uint32_t>& d = *deferred;
+  size_t kept = 0;
+  for (size_t n = 0; n < d.size(); ++n) {
+    const uint32_t i = d[n];
+    if (!expired && !cache_->being_served(entries[i].key)) {
+      d[kept++] = i;
+      continue;
+    }
+    if (!dispatch_entry(t, i)) {  // stopping: entry i is failed; so is every entry not yet dispatched
+      std::vector<uint32_t> rest(d.begin(), d.begin() + static_cast<long>(kept));
+      rest.insert(rest.end(), d.begin() + static_cast<long>(n) + 1, d.end());
+      flush_batch();
+      fail_rest(t, rest, 0);
+      return false;
+    }
+  }
+  d.resize(kept);
+  return true;
+}
+
+uint32_t LoadQueue::defer_announce(DeferSpan* span) {
+  // Announce, then read the bell, then look (protect.h: a peer that starts
+  // serving a key after our look sees the bit and rings).
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  if (!span->announced) {
+    span->announced = true;
+    deferring_.store(true, std::memory_order_seq_cst);
+    globals.deferring.fetch_or(1u << opts_.local_rank, std::memory_order_seq_cst);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return globals.defer_bell.load(std::memory_order_seq_cst);
+}
+
+void LoadQueue::defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end) {
+  CtrlGlobals& globals = cache_->ctrl().globals();
+  if (span->wall0 == 0) {  // the first sleep of this task
+    span->wall0 = now_ns();
+    span->cpu0 = thread_cpu_ns();
+  }
+  defer_sleeps_.fetch_add(1, std::memory_order_relaxed);
+  (void)futex_wait(&globals.defer_bell, bell, std::min(grace_end, now_ns() + kStopCheckNs));
+  if (globals.defer_bell.load(std::memory_order_relaxed) != bell) defer_wakes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LoadQueue::defer_end(const DeferSpan& span) {
+  if (!span.announced) return;
+  cache_->ctrl().globals().deferring.fetch_and(~(1u << opts_.local_rank), std::memory_order_relaxed);
+  deferring_.store(false, std::memory_order_relaxed);
+  if (span.wall0 != 0) {
+    defer_cpu_ns_.fetch_add(thread_cpu_ns() - span.cpu0, std::memory_order_relaxed);
+    defer_wall_ns_.fetch_add(now_ns() - span.wall0, std::memory_order_relaxed);
+  }
 }
 
 void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
@@ -383,10 +386,13 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
   return true;
 }
 
-void LoadQueue::idle_prealloc(const Task& t) {
+void LoadQueue::prealloc_next(const Task& t) {
+  // One pass over the task's entries, also when the next task is already
+  // pending (a pipeline window): its delay is bounded by the pass, each
+  // prealloc() a try-lock and a bounded sweep of the reserved pool.
   const uint32_t spb = cache_->ctrl().shards_per_block();
   for (const TaskEntry& e : t.entries()) {
-    if (task_pending()) return;  // a task arrived: the idle window is over
+    if (stopping()) return;
     if (e.key.shard + 1 >= spb) continue;
     Key next = e.key;
     next.shard += 1;
@@ -501,104 +507,16 @@ uint64_t LoadQueue::expire_due_ios() {
   return next;
 }
 
-Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream) {
-  UCM_TRACE(TraceRange::kDump);
-  const TaskEntry& e = t->entries()[index];
-  const uint64_t bytes = cache_->ctrl().slot_bytes();
-  uint64_t ticket = 0;
-  UCM_CHECK(stream->copy(cache_->data_at(slot), e.src, bytes, &ticket));
-  UCM_CHECK(stream->wait(ticket));
-  // Ready at once: peers hit it while it is written through, and a peer's
-  // dump of it waits for this write's outcome.
-  UCM_CHECK(cache_->mark_ready_for_write(slot));
-  start_write(t, index, slot);
-  return Result::kOk;
-}
-
-void LoadQueue::start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
-  // The caller holds a reference and is the slot's writer (stored word).
-  {
-    std::lock_guard<std::mutex> lk(io_mu_);
-    ++io_inflight_;
-  }
-  cache_->add_pin(slot);
-  auto* io = new Io{IoRequest{}, this, t, index, slot, false};
-  io->deadline_ns = t->deadline_ns();
-  io->req.key = t->entries()[index].key;
-  io->req.buf = cache_->data_at(slot);
-  io->req.bytes = cache_->ctrl().slot_bytes();
-  io->req.done = &LoadQueue::on_io_done;
-  io->req.user = io;
-  track_io(io);
-  backend_->dump(&io->req);
-}
-
 void LoadQueue::on_io_done(IoRequest* req) {
   Io* io = static_cast<Io*>(req->user);
   LoadQueue* q = io->queue;
-  bool late = false;
-  {
-    std::lock_guard<std::mutex> g(q->io_mu_);
-    late = io->expired;
-    if (!late) {
-      auto& v = q->live_ios_;
-      const auto at = std::find(v.begin(), v.end(), io);
-      if (at != v.end()) {
-        *at = v.back();
-        v.pop_back();
-      }
-    }
-  }
-  if (late) {
-    // Its slot was abandoned (or its write failed) at the deadline; the
-    // I/O's pin kept the slot from being re-keyed until now.
-    q->late_completions_.fetch_add(1, std::memory_order_relaxed);
-    UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", q->opts_.local_rank,
-             q->key_text(req->key).c_str());
-    q->cache_->release(io->slot);
-    note_overdue(io, false);
-    delete io;
+  if (q->untrack_io(io)) {
+    q->drop_late(io);
     return;
   }
   if (req->direct_fallback) add(q->ctr_->direct_fallbacks, 1);
-  if (io->is_load) {
-    if (req->result == Result::kOk) {
-      // Counted before Ready is published: a task that completes on it (here
-      // or on a peer) must already see the bytes in the stats.
-      add(q->ctr_->bytes_from_backend, req->bytes);
-      if (q->cache_->mark_ready(io->slot) != Result::kOk)
-        UCM_WARN("rank %u: marking slot %u ready: %s", q->opts_.local_rank, io->slot, last_error().c_str());
-    } else {
-      add(q->ctr_->load_failures, 1);
-      const bool corrupt = req->result == Result::kCorrupt;
-      {
-        std::lock_guard<std::mutex> g(q->io_mu_);
-        q->last_backend_error_ = req->error;
-        // Before the mark: our copier reads it once it sees Corrupt.
-        if (corrupt) q->corrupt_notes_[io->slot] = CorruptNote{req->key, req->error};
-      }
-      // Either wakes every waiter, on every rank; Corrupt is not retried.
-      if (corrupt) (void)q->cache_->mark_corrupt(io->slot);
-      else (void)q->cache_->mark_failed(io->slot);
-    }
-  } else {
-    // The stored word first: once the task is done, a new dump of the key
-    // must find the outcome (and write again after a failure).
-    if (q->cache_->finish_write(io->slot, req->result == Result::kOk) != Result::kOk)
-      UCM_WARN("rank %u: ending the write-through of slot %u: %s", q->opts_.local_rank, io->slot,
-               last_error().c_str());
-    if (req->result == Result::kOk) {
-      add(q->ctr_->dumps, 1);
-      add(q->ctr_->bytes_dumped, req->bytes);
-      io->task->entry_ok();
-    } else {
-      // The slot stays Ready (its bytes are right); the store did not take
-      // them: the next dump of the key writes them again.
-      add(q->ctr_->failed_shards, 1);
-      io->task->entry_failed(io->index, Result::kBackend,
-                             q->key_text(req->key) + ": write-through failed: " + std::string(req->error));
-    }
-  }
+  if (io->is_load) q->load_done(*io);
+  else q->write_done(*io);  // dump_path.cpp
   q->cache_->release(io->slot);  // the I/O's own pin
   {
     std::lock_guard<std::mutex> g(q->io_mu_);
@@ -606,6 +524,51 @@ void LoadQueue::on_io_done(IoRequest* req) {
   }
   q->io_cv_.notify_all();
   delete io;
+}
+
+bool LoadQueue::untrack_io(Io* io) {
+  std::lock_guard<std::mutex> g(io_mu_);
+  if (io->expired) return true;
+  const auto at = std::find(live_ios_.begin(), live_ios_.end(), io);
+  if (at != live_ios_.end()) {
+    *at = live_ios_.back();
+    live_ios_.pop_back();
+  }
+  return false;
+}
+
+void LoadQueue::drop_late(Io* io) {
+  // Its slot was abandoned (or its write failed) at the deadline; the
+  // I/O's pin kept the slot from being re-keyed until now.
+  late_completions_.fetch_add(1, std::memory_order_relaxed);
+  UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", opts_.local_rank,
+           key_text(io->req.key).c_str());
+  cache_->release(io->slot);
+  note_overdue(io, false);
+  delete io;
+}
+
+void LoadQueue::load_done(Io& io) {
+  const IoRequest& req = io.req;
+  if (req.result == Result::kOk) {
+    // Counted before Ready is published: a task that completes on it (here
+    // or on a peer) must already see the bytes in the stats.
+    add(ctr_->bytes_from_backend, req.bytes);
+    if (cache_->mark_ready(io.slot) != Result::kOk)
+      UCM_WARN("rank %u: marking slot %u ready: %s", opts_.local_rank, io.slot, last_error().c_str());
+    return;
+  }
+  add(ctr_->load_failures, 1);
+  const bool corrupt = req.result == Result::kCorrupt;
+  {
+    std::lock_guard<std::mutex> g(io_mu_);
+    last_backend_error_ = req.error;
+    // Before the mark: our copier reads it once it sees Corrupt.
+    if (corrupt) corrupt_notes_[io.slot] = CorruptNote{req.key, req.error};
+  }
+  // Either wakes every waiter, on every rank; Corrupt is not retried.
+  if (corrupt) (void)cache_->mark_corrupt(io.slot);
+  else (void)cache_->mark_failed(io.slot);
 }
 
 // ---- copier -------------------------------------------------------------------
@@ -620,86 +583,101 @@ void LoadQueue::copier_main() {
   // slice. So a hung key holds back only the task that contains it.
   std::vector<Item> waiting;
   std::vector<uint32_t> slots, words;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      if (waiting.empty()) {
-        if (items_.empty() && !copies_.empty()) {
-          lk.unlock();
-          retire_copies(0);  // nothing else to do: finish what is in flight
-          lk.lock();
-        }
-        while (!stopping_ && items_.empty()) {
-          bool ios = false;
-          {
-            std::lock_guard<std::mutex> g(io_mu_);
-            ios = !live_ios_.empty();
-          }
-          if (!ios) {
-            copier_cv_.wait(lk);
-            continue;
-          }
-          // I/Os in flight with no entry waiting here (write-throughs): their
-          // deadlines are looked at all the same.
-          lk.unlock();
-          const uint64_t next = expire_due_ios();
-          lk.lock();
-          if (!stopping_ && items_.empty()) {
-            const uint64_t now = now_ns();
-            const uint64_t nap = next > now ? std::min(next - now, kStopCheckNs) : 0;
-            if (nap > 0) copier_cv_.wait_for(lk, std::chrono::nanoseconds(nap));
-          }
-        }
-        if (items_.empty()) break;  // stopping and drained
-      }
-      while (!items_.empty()) {
-        waiting.push_back(std::move(items_.front()));
-        items_.pop_front();
-      }
-    }
+  while (take_items(&waiting)) {
     const uint64_t next_expiry = expire_due_ios();
-    bool moved = false;
-    size_t kept = 0;
-    for (size_t k = 0; k < waiting.size(); ++k) {
-      if (process(waiting[k])) {
-        moved = true;
-        // A sliding window: what landed goes at once; a full window waits
-        // for its oldest copy only.
-        retire_copies(kCopyWindow - 1);
-        continue;
-      }
-      if (kept != k) waiting[kept] = std::move(waiting[k]);
-      ++kept;
-    }
-    waiting.erase(waiting.begin() + static_cast<long>(kept), waiting.end());
-    flush_copies();
-    retire_copies(kCopyWindow);
-    if (moved || waiting.empty()) continue;
+    if (serve_round(&waiting) || waiting.empty()) continue;
     // Nothing moved: sleep until one of them may have. A copy in flight
     // lands first (nothing rings the bell for it).
     retire_copies(0);
-    copier_asleep_.store(true, std::memory_order_seq_cst);
-    const uint32_t bell = cache_->bell();
-    bool fresh = false;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      fresh = stopping_ || !items_.empty();
-    }
-    if (!fresh) {
-      slots.clear();
-      words.clear();
-      uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
-      for (const Item& it : waiting) {
-        slots.push_back(it.slot);
-        words.push_back(it.word);
-        until = std::min(until, it.task->deadline_ns());
-      }
-      UCM_TRACE(TraceRange::kWaitReady);
-      (void)cache_->wait_any(slots.data(), words.data(), slots.size(), bell, until);
-    }
-    copier_asleep_.store(false, std::memory_order_relaxed);
+    sleep_on_waiting(waiting, next_expiry, &slots, &words);
   }
   retire_copies(0);
+}
+
+bool LoadQueue::take_items(std::vector<Item>* waiting) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (waiting->empty()) {
+    if (items_.empty() && !copies_.empty()) {
+      lk.unlock();
+      retire_copies(0);  // nothing else to do: finish what is in flight
+      lk.lock();
+    }
+    wait_for_items(lk);
+    if (items_.empty()) return false;  // stopping and drained
+  }
+  while (!items_.empty()) {
+    waiting->push_back(std::move(items_.front()));
+    items_.pop_front();
+  }
+  return true;
+}
+
+void LoadQueue::wait_for_items(std::unique_lock<std::mutex>& lk) {
+  while (!stopping_ && items_.empty()) {
+    bool ios = false;
+    {
+      std::lock_guard<std::mutex> g(io_mu_);
+      ios = !live_ios_.empty();
+    }
+    if (!ios) {
+      copier_cv_.wait(lk);
+      continue;
+    }
+    // I/Os in flight with no entry waiting here (write-throughs): their
+    // deadlines are looked at all the same.
+    lk.unlock();
+    const uint64_t next = expire_due_ios();
+    lk.lock();
+    if (!stopping_ && items_.empty()) {
+      const uint64_t now = now_ns();
+      const uint64_t nap = next > now ? std::min(next - now, kStopCheckNs) : 0;
+      if (nap > 0) copier_cv_.wait_for(lk, std::chrono::nanoseconds(nap));
+    }
+  }
+}
+
+bool LoadQueue::serve_round(std::vector<Item>* waiting) {
+  bool moved = false;
+  size_t kept = 0;
+  for (size_t k = 0; k < waiting->size(); ++k) {
+    if (process((*waiting)[k])) {
+      moved = true;
+      // A sliding window: what landed goes at once; a full window waits
+      // for its oldest copy only.
+      retire_copies(kCopyWindow - 1);
+      continue;
+    }
+    if (kept != k) (*waiting)[kept] = std::move((*waiting)[k]);
+    ++kept;
+  }
+  waiting->erase(waiting->begin() + static_cast<long>(kept), waiting->end());
+  flush_copies();
+  retire_copies(kCopyWindow);
+  return moved;
+}
+
+void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, std::vector<uint32_t>* slots,
+                                 std::vector<uint32_t>* words) {
+  copier_asleep_.store(true, std::memory_order_seq_cst);
+  const uint32_t bell = cache_->bell();
+  bool fresh = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    fresh = stopping_ || !items_.empty();
+  }
+  if (!fresh) {
+    slots->clear();
+    words->clear();
+    uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
+    for (const Item& it : waiting) {
+      slots->push_back(it.slot);
+      words->push_back(it.word);
+      until = std::min(until, it.task->deadline_ns());
+    }
+    UCM_TRACE(TraceRange::kWaitReady);
+    (void)cache_->wait_any(slots->data(), words->data(), slots->size(), bell, until);
+  }
+  copier_asleep_.store(false, std::memory_order_relaxed);
 }
 
 void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {
@@ -792,195 +770,97 @@ bool LoadQueue::process(Item& it) {
     process_dump(it);  // may wait on its one slot (bounded by the task's deadline)
     return true;
   }
-  const TaskEntry& e = it.task->entries()[it.index];
   if (it.started == 0) it.started = now_ns();
-  const uint64_t started = it.started;
   // Fresh: the item holds a reference, so the slot's word speaks for its key.
   uint32_t w = cache_->word(it.slot);
+  const Look look = await_ready(it, &w);
+  if (look == Look::kWaiting) return false;
+  if (look == Look::kReady) start_copy(it);
+  return true;
+}
+
+LoadQueue::Look LoadQueue::await_ready(Item& it, uint32_t* w) {
   for (;;) {
-    const State s = SlotView(w).state();
-    if (s == State::kReady) break;
+    const State s = SlotView(*w).state();
+    if (s == State::kReady) return Look::kReady;
     if (s == State::kCorrupt) {
-      add(ctr_->wait_ns, now_ns() - started);
-      fail_item(it, Result::kCorrupt, corrupt_text(e.key, it.slot, w));
-      return true;
+      add(ctr_->wait_ns, now_ns() - it.started);
+      fail_item(it, Result::kCorrupt, corrupt_text(it.task->entries()[it.index].key, it.slot, *w));
+      return Look::kEnded;
     }
-    const bool unowned = SlotView(w).is_unowned();
-    if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
-      // Its load was abandoned at its deadline: the key, not the slot, is taken over.
-      GetKind kind = GetKind::kWaiter;
-      if (!regain(it, &w, started, &kind)) return true;
-      if (kind == GetKind::kOwner && !load_as_owner(it, &w)) return true;
+    if (s == State::kFailed || SlotView(*w).is_unowned()) {
+      if (!retry_load(it, w)) return Look::kEnded;
       continue;
     }
-    if (s == State::kFailed || unowned) {
-      if (s == State::kFailed && ++it.failures > opts_.load_retries) {
-        std::string why;
-        {
-          std::lock_guard<std::mutex> g(io_mu_);
-          why = last_backend_error_;
-        }
-        add(ctr_->wait_ns, now_ns() - started);
-        fail_item(it, Result::kBackend,
-                  key_text(e.key) + ": the backend load failed " + std::to_string(it.failures) + " times" +
-                      (why.empty() ? "" : " (last error here: " + why + ")"));
-        return true;
-      }
-      if (cache_->try_take_over(it.slot, w) && !load_as_owner(it, &w)) return true;
-      w = cache_->word(it.slot);
-      continue;
+    return owner_filling(it, w);
+  }
+}
+
+bool LoadQueue::retry_load(Item& it, uint32_t* w) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  if (!cache_->holds_key(it.slot, e.key)) {
+    // Its load was abandoned at its deadline: the key, not the slot, is taken over.
+    GetKind kind = GetKind::kWaiter;
+    if (!regain(it, w, it.started, &kind)) return false;
+    return kind != GetKind::kOwner || load_as_owner(it, w);
+  }
+  if (SlotView(*w).state() == State::kFailed && ++it.failures > opts_.load_retries) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(io_mu_);
+      why = last_backend_error_;
     }
-    // Idle with an owner: somebody (maybe us) is filling it. The copier
-    // waits for this and its other entries together (copier_main).
-    if (stopping()) {
-      fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
-      return true;
-    }
-    if (now_ns() >= it.task->deadline_ns()) {
-      // Our own load of it, if any, expires first: its slot goes, its depth comes back.
-      (void)expire_due_ios();
-      const uint32_t again = cache_->word(it.slot);
-      if (SlotView(again).changed_from(w) && SlotView(again).is_ready()) {
-        w = again;
-        continue;
-      }
-      add(ctr_->wait_ns, now_ns() - started);
-      fail_item(it, Result::kTimeout,
-                key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(w).owner()) +
-                    " at the task's deadline");
-      return true;
-    }
-    it.word = w;
+    add(ctr_->wait_ns, now_ns() - it.started);
+    fail_item(it, Result::kBackend,
+              key_text(e.key) + ": the backend load failed " + std::to_string(it.failures) + " times" +
+                  (why.empty() ? "" : " (last error here: " + why + ")"));
     return false;
   }
-  add(ctr_->wait_ns, now_ns() - started);
+  if (cache_->try_take_over(it.slot, *w) && !load_as_owner(it, w)) return false;
+  *w = cache_->word(it.slot);
+  return true;
+}
+
+LoadQueue::Look LoadQueue::owner_filling(Item& it, uint32_t* w) {
+  // Idle with an owner: somebody (maybe us) is filling it. The copier
+  // waits for this and its other entries together (copier_main).
+  const TaskEntry& e = it.task->entries()[it.index];
+  if (stopping()) {
+    fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    return Look::kEnded;
+  }
+  if (now_ns() >= it.task->deadline_ns()) {
+    // Our own load of it, if any, expires first: its slot goes, its depth comes back.
+    (void)expire_due_ios();
+    const uint32_t again = cache_->word(it.slot);
+    if (SlotView(again).changed_from(*w) && SlotView(again).is_ready()) {
+      *w = again;
+      return Look::kReady;
+    }
+    add(ctr_->wait_ns, now_ns() - it.started);
+    fail_item(it, Result::kTimeout,
+              key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(*w).owner()) +
+                  " at the task's deadline");
+    return Look::kEnded;
+  }
+  it.word = *w;
+  return Look::kWaiting;
+}
+
+void LoadQueue::start_copy(Item& it) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  add(ctr_->wait_ns, now_ns() - it.started);
   uint64_t ticket = 0;
   UCM_TRACE(TraceRange::kCopy);
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);
   if (r != Result::kOk) {
     fail_item(it, r, key_text(e.key) + ": " + last_error());
-    return true;
+    return;
   }
   // Queued, not started: the round's copies go out together (flush_copies),
   // one batch call for every shard that was Ready when the copier looked.
   copies_.push_back(Copy{it.task, it.index, it.slot, ticket});
   unflushed_ = true;
-  return true;
-}
-
-void LoadQueue::process_dump(Item& it) {
-  const TaskEntry& e = it.task->entries()[it.index];
-  const uint64_t started = now_ns();
-  uint32_t w = it.word;
-  for (;;) {
-    const State s = SlotView(w).state();
-    if (s == State::kReady) return dump_ready(it, started);
-    const bool unowned = SlotView(w).is_unowned();
-    if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
-      GetKind kind = GetKind::kWaiter;
-      if (!regain(it, &w, started, &kind)) return;
-      if (kind == GetKind::kOwner) {
-        const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
-        if (r != Result::kOk) {
-          (void)cache_->mark_failed(it.slot);
-          fail_item(it, r, key_text(e.key) + ": " + last_error());
-          return;
-        }
-        cache_->release(it.slot);
-        return;  // the entry completes with the write-through
-      }
-      continue;
-    }
-    if (s == State::kFailed || s == State::kCorrupt || unowned) {
-      if (s == State::kFailed && ++it.failures > opts_.load_retries) {
-        add(ctr_->wait_ns, now_ns() - started);
-        fail_item(it, Result::kBackend,
-                  key_text(e.key) + ": the slot failed " + std::to_string(it.failures) + " times while it was filled");
-        return;
-      }
-      // Nobody else will fill it: fill it from our bytes and write them
-      // through (a corrupt copy is replaced, in the cache and the store).
-      if (cache_->try_take_over(it.slot, w, true)) {
-        add(ctr_->wait_ns, now_ns() - started);
-        const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
-        if (r != Result::kOk) {
-          (void)cache_->mark_failed(it.slot);
-          fail_item(it, r, key_text(e.key) + ": " + last_error());
-          return;
-        }
-        cache_->release(it.slot);
-        return;  // the entry completes with the write-through
-      }
-      w = cache_->word(it.slot);
-      continue;
-    }
-    if (!await_change(it, &w, started)) return;
-  }
-}
-
-void LoadQueue::dump_ready(Item& it, uint64_t started) {
-  const TaskEntry& e = it.task->entries()[it.index];
-  for (;;) {
-    WriteClaim wc = WriteClaim::kStored;
-    uint32_t sw = 0;
-    const Result r = cache_->claim_write(it.slot, &wc, &sw);
-    if (r != Result::kOk) {
-      add(ctr_->wait_ns, now_ns() - started);
-      fail_item(it, r, key_text(e.key) + ": " + last_error());
-      return;
-    }
-    if (wc != WriteClaim::kBeingWritten) {
-      add(ctr_->wait_ns, now_ns() - started);
-      if (wc == WriteClaim::kWriter) start_write(it.task, it.index, it.slot);  // completes the entry
-      else it.task->entry_ok();
-      cache_->release(it.slot);
-      return;
-    }
-    // Another write of these bytes is in flight (or ours, from an earlier
-    // task): its outcome is ours.
-    for (;;) {
-      if (stopping()) {
-        fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while it was written through");
-        return;
-      }
-      const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
-      uint32_t now_sw = sw;
-      const Result wr = cache_->wait_store_change(it.slot, sw, until, &now_sw);
-      if (wr == Result::kTimeout) {
-        if (now_ns() < it.task->deadline_ns()) continue;
-        add(ctr_->wait_ns, now_ns() - started);
-        fail_item(it, Result::kTimeout,
-                  key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(sw)) +
-                      " did not end by the task's deadline");
-        return;
-      }
-      if (wr != Result::kOk) {
-        fail_item(it, wr, key_text(e.key) + ": " + last_error());
-        return;
-      }
-      const StoreState st = static_cast<StoreState>(now_sw & kStoredStateMask);
-      if (st == StoreState::kWriting) {  // a new writer took over a dead one's write
-        sw = now_sw;
-        continue;
-      }
-      if (st == StoreState::kWriteFailed) {
-        add(ctr_->wait_ns, now_ns() - started);
-        add(ctr_->failed_shards, 1);
-        cache_->release(it.slot);
-        it.task->entry_failed(it.index, Result::kBackend,
-                              key_text(e.key) + ": local rank " + std::to_string(stored_writer(now_sw)) +
-                                  "'s write-through failed (the store did not take the bytes)");
-        return;
-      }
-      if (st == StoreState::kStored) {
-        add(ctr_->wait_ns, now_ns() - started);
-        cache_->release(it.slot);
-        it.task->entry_ok();
-        return;
-      }
-      break;  // NotStored: its writer died; claim the write ourselves
-    }
-  }
 }
 
 void LoadQueue::flush_copies() {

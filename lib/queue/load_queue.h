@@ -24,9 +24,9 @@
 // starts serving a key while someone defers (ctrl/protect.h), never in naps. It calls get() on each: a hit goes to the copier; as owner it pins the slot once more
 // for the backend I/O, submits the load (at most io_depth in flight) and hands
 // the entry to the copier; as waiter it hands it over at once. It never waits
-// for another rank. When everything of a load task is handed over and no task
-// is pending, it preallocates (block, shard + 1) for the task's blocks, and
-// stops the moment a task arrives.
+// for another rank. When everything of a load task is handed over, it
+// preallocates (block, shard + 1) for the task's blocks in one bounded pass,
+// also when the next task is already pending (a pipeline window).
 //
 // Dumps. A dump says OK only once the key's bytes are in the store (the
 // slot's stored word, layout.h). An owner entry is copied into its slot, made
@@ -165,6 +165,22 @@ class LoadQueue {
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);
+  // The peers' strides of t (dispatch): false when the queue stopped (every
+  // entry not yet dispatched is failed).
+  bool dispatch_deferred(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred);
+  // One look at the deferred entries: dispatches those some rank serves (every
+  // one once the grace has expired) and keeps the rest; false when stopped.
+  bool dispatch_served(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred, bool expired);
+  // One task's deferral: announced on the node's deferring mask, and the span
+  // of its sleeps (for DeferStats).
+  struct DeferSpan {
+    bool announced = false;
+    uint64_t cpu0 = 0, wall0 = 0;  // at the first sleep
+  };
+  // Announces the deferral (once) and reads the defer bell to sleep on.
+  uint32_t defer_announce(DeferSpan* span);
+  void defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end);
+  void defer_end(const DeferSpan& span);
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
   void fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from);
@@ -173,8 +189,9 @@ class LoadQueue {
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
   void start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
-  void idle_prealloc(const Task& t);
-  bool task_pending();
+  // Preallocates (block, shard + 1) for t's entries: one bounded pass, run
+  // whether or not the next task is pending (docs/design.md, "Prealloc").
+  void prealloc_next(const Task& t);
   bool stopping();
   // Hands the dispatcher's batch to the copier: one lock, one wake.
   void flush_batch();
@@ -204,6 +221,44 @@ class LoadQueue {
   static void on_io_done(IoRequest* req);
   void record_done(const Task& t);
   std::string key_text(const Key& k) const;
+
+  // The copier's loop, piece by piece (copier_main). Moves the handed-over
+  // entries into *waiting, first waiting for some when none waits (false:
+  // stopping and drained).
+  bool take_items(std::vector<Item>* waiting);
+  void wait_for_items(std::unique_lock<std::mutex>& lk);
+  // One look at every waiting entry; true when any of them moved.
+  bool serve_round(std::vector<Item>* waiting);
+  // Sleeps on the doorbell until a waiting entry's word may have changed.
+  void sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, std::vector<uint32_t>* slots,
+                        std::vector<uint32_t>* words);
+  // A load entry's look at its slot (process): Ready (copy it), waiting with
+  // the copier's other entries (it.word set), or ended (failed).
+  enum class Look : uint8_t { kReady, kWaiting, kEnded };
+  Look await_ready(Item& it, uint32_t* w);
+  // The slot is Failed or has no owner: get the key again (its load was
+  // abandoned) or take the load over; false when the entry failed.
+  bool retry_load(Item& it, uint32_t* w);
+  // Idle with an owner: kWaiting, or the deadline's outcome.
+  Look owner_filling(Item& it, uint32_t* w);
+  // Queues the Ready slot's copy to the caller's buffer (flush_copies starts it).
+  void start_copy(Item& it);
+  // on_io_done's pieces: takes io off the live list (true: it had expired,
+  // and its completion is late); a late one only drops its pin.
+  bool untrack_io(Io* io);
+  void drop_late(Io* io);
+  void load_done(Io& io);
+
+  // The dump path (dump_path.cpp), with write_dump, start_write,
+  // process_dump and dump_ready above. The store's completion of a write-through:
+  void write_done(Io& io);
+  // This rank owns the entry's slot: fill it from the caller's bytes and
+  // write them through (the entry completes with the write).
+  void dump_as_owner(Item& it);
+  // Waits for the write-through in flight (stored word sw) to end and
+  // completes the entry with its outcome: true; false when its writer died
+  // first (the write is to be claimed again).
+  bool await_write(Item& it, uint32_t sw, uint64_t started);
 
   CacheBuffer* cache_;
   Backend* backend_;

@@ -13,6 +13,7 @@ rank 0 prints the same summary.
 """
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -24,17 +25,35 @@ from mpi4py import MPI
 
 import ucmcache
 
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+MAX_LAYERS = 1 << 16
+
+
+def _mix64(z):
+    """splitmix64's finalizer (apps/demo_kv.h mix64), on uint64 arrays."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def kv_seed(block, layer):
+    """ucm_demo's kv_seed(block, layer) (apps/demo_kv.h)."""
+    return int(_mix64(np.array([(1 << 63) | (block << 16) | (layer & (MAX_LAYERS - 1))], np.uint64))[0])
+
+
+@functools.lru_cache(maxsize=4)
+def _offset_words(n):
+    t = _mix64(np.arange(n, dtype=np.uint64))
+    t.setflags(write=False)
+    return t
 
 
 def kv_words(block, layer, n):
-    """ucm_demo's kv_word(block, layer, i) for i in [0, n), as uint64."""
-    with np.errstate(over="ignore"):
-        i = np.arange(n, dtype=np.uint64)
-        z = (np.uint64(block) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(layer) << np.uint64(48))
-        z = z ^ (i * np.uint64(0xBF58476D1CE4E5B9))
-        z = (z ^ (z >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(29))
+    """ucm_demo's kv_word(block, layer, i) for i in [0, n), as uint64: the
+    seed of (block, layer) xor a table of offset words computed once."""
+    return _offset_words(n) ^ np.uint64(kv_seed(block, layer))
 
 
 def kv_word(block, layer, i):
@@ -42,8 +61,8 @@ def kv_word(block, layer, i):
 
 
 def block_of(prompt):
-    """ucm_demo's block_id(prompt): two kv words, little-endian."""
-    lo, hi = kv_word(prompt, 0xFFFF, 1), kv_word(prompt, 0xFFFE, 2)
+    """ucm_demo's block_id(prompt): block_id_word halves 0 and 1, little-endian."""
+    lo, hi = (int(x) for x in _mix64(np.array([(1 << 62) | (prompt << 1) | h for h in (0, 1)], np.uint64)))
     return lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
 
 
@@ -59,8 +78,9 @@ def parse(argv):
     p.add_argument("--backend", default="")
     o = p.parse_args(argv)
     if (o.prompts < 1 or o.layers < 1 or o.shard_kib < 4 or o.cache_mib < 1 or o.steps < 1 or o.hot < 0
-            or o.hot > o.prompts):
-        p.error("out-of-range option (prompts, layers >= 1; shard-kib >= 4; 0 <= hot <= prompts)")
+            or o.hot > o.prompts or o.layers > MAX_LAYERS):
+        p.error("out-of-range option (1 <= layers <= %d; prompts >= 1; shard-kib >= 4; 0 <= hot <= prompts)"
+                % MAX_LAYERS)
     return o
 
 
@@ -136,6 +156,8 @@ def run(comm, o, config):
                 for p in range(o.prompts):
                     if not np.array_equal(kv[p], kv_words(p, layer, words)):
                         bad += 1
+                if o.layers == 1:
+                    kv[:] = 0  # the next load is the same layer: a load that wrote nothing must not pass
             comm.Barrier()
             if rank == 0:
                 ns = cache.stats(node=True)

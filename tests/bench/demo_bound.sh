@@ -8,6 +8,8 @@
 # keeps at most its window in flight; a byte flipped in a store file makes
 # the run report bad shards and exit non-zero, with any window; bad --window
 # and --kv-layers values are refused, naming the value.
+# The cpu bound (the copies into the KV buffers at the run's memcpy rate) is
+# there beside the store's, and the binding one is the larger.
 # Usage: demo_bound.sh MPIRUN UCM_DEMO PYTHON OUTDIR
 set -euo pipefail
 mpirun=$1 demo=$2 python=$3 out=$4
@@ -37,12 +39,23 @@ need(b["min_loads"] <= b["one_rank_loads"], "MIN <= the 1-rank count")
 need(0 < b["fraction_one_rank"] <= 1.5, "fraction_one_rank in (0, 1.5]")
 if np == 1:
     need(b["one_rank_loads"] == d["loads"], "1 rank: its own loads are the 1-rank count")
+# The cpu bound beside the store's: every shard asked for is copied once, on
+# min(local ranks, cpus) cores at the memcpy rate measured in this run.
+need(b["memcpy_error"] == "" and b["memcpy_best_GBps"] > 0 and b["memcpy_passes"] >= 2, "a memcpy rate was measured")
+need(b["cpu_copy_cores"] == min(d["local_size"], d["pipeline"]["cpus"]) == b["memcpy_threads"],
+     "the copies' cores = min(local ranks, cpus), measured on as many threads")
+need(b["cpu_copy_bytes_per_rank"] == d["tasks_per_rank"] * d["prompts"] * d["shard_bytes"], "copy bytes = every shard asked for")
+need(b["cpu_bound_s"] > 0, "a cpu bound")
+need(b["binding"] == ("cpu" if b["cpu_bound_s"] > b["achievable_s"] else "store"), "the binding bound is the larger")
+need(b["fraction"] <= b["fraction_binding"] <= 1.5, "fraction <= fraction_binding <= 1.5")
+need(d["pipeline"]["verify_GBps_per_core"] > 0, "a verification rate")
 print("np %d: loads %d, MIN %d, 1-rank %d, fraction %.3f" % (np, d["loads"], b["min_loads"], b["one_rank_loads"], b["fraction"]))
 PY
 }
 
 "$mpirun" --oversubscribe --timeout 100 -np 1 "$demo" "${args[@]}" --json "$out/demo-np1.json" > "$out/demo-np1.txt"
-for line in "bound: min loads" "bound: raw read" "bound: achievable decode" "bound, the issue's count (the loads 1 rank"; do
+for line in "bound: min loads" "bound: raw read" "bound: achievable decode" "bound, the issue's count (the loads 1 rank" \
+  "bound, cpu: each rank copies" "bound, binding: the " "  verifying: "; do
   grep -qF "$line" "$out/demo-np1.txt" || { echo "np 1: no '$line' in the summary:"; cat "$out/demo-np1.txt"; exit 1; }
 done
 check "$out/demo-np1.json" 1
@@ -97,6 +110,7 @@ refused "--window 3 is larger than the KV buffer allows: --kv-layers 2" --window
 refused "--kv-layers -1: at least 1" --kv-layers -1
 refused "--window 100000: at most 256" --window 100000
 refused "--decode-only needs the store" --decode-only
+refused "--layers 65537: at most 65536" --layers 65537
 echo "bad options: refused, each naming its value"
 
 # ---- a corrupt shard in the store: reported, counted, exit non-zero --------

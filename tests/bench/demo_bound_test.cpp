@@ -1,11 +1,15 @@
 // ucm_demo's bound (apps/demo_bound.h): Belady's MIN on sequences whose answer
-// is known, against an exhaustive search of every eviction choice, and the raw
-// read of store files (what it reads, not how fast).
+// is known, against an exhaustive search of every eviction choice, the raw
+// read of store files and the memcpy rate (what they read and copy, not how
+// fast); and its KV content (apps/demo_kv.h): the check catches every wrong
+// byte, a shard of another key, layer or offset.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "demo_bound.h"
+#include "demo_kv.h"
 
 namespace {
 
@@ -175,6 +180,102 @@ TEST(DemoPipeline, EveryWindowKeepsItsDepthAndNeverReloadsAnUncheckedOrSameLayer
       }
     }
   }
+}
+
+// The words python/ucmcache/demo.py must compute too (tests/python/test_tools.py
+// pins the same numbers): the two demos dump and check one content.
+TEST(KvContent, GoldenWordsAndBlockIdsThePythonDemoPinsToo) {
+  using namespace ucm_demo;
+  const uint64_t want[4] = {0x77f34b4a4fa65212ull, 0x21615d575fad57f7ull, 0xac2173dd758d4698ull, 0x69a015a7acb27ae2ull};
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(kv_word(3, 5, i), want[i]) << "word " << i;
+  EXPECT_EQ(kv_word(31, 15, 32767), 0x65028904d3d80feaull);
+  EXPECT_EQ(block_id_word(7, 0), 0x9a4b96a6b983944bull);
+  EXPECT_EQ(block_id_word(7, 1), 0x9321b6d61d2851a5ull);
+  KvPattern pat(64);
+  uint8_t buf[64];
+  pat.fill(3, 5, buf);
+  for (uint64_t i = 0; i < 4; ++i) {
+    uint64_t w;
+    std::memcpy(&w, buf + 8 * i, 8);
+    EXPECT_EQ(w, want[i]) << "fill, word " << i;
+  }
+}
+
+// Every single-byte change anywhere (both vector lanes and the scalar tail:
+// 4 KiB + 40 bytes), at an address that is not 16-byte aligned; a shard of
+// another block, another layer, shifted by a word, zeros, one word of another
+// key at the same offset, one word of this shard from another offset.
+TEST(KvContent, CheckCatchesAnyWrongByteAndAShardOfAnotherKeyLayerOrOffset) {
+  using namespace ucm_demo;
+  const uint64_t bytes = 4096 + 40;
+  const KvPattern pat(bytes);
+  std::vector<uint8_t> store(bytes + 8 + 8);
+  uint8_t* p = store.data() + 8;  // 8-aligned, never 16
+  pat.fill(9, 2, p);
+  ASSERT_TRUE(pat.check(9, 2, p));
+  for (uint64_t at = 0; at < bytes; ++at) {
+    for (uint8_t flip : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xff}}) {
+      p[at] ^= flip;
+      ASSERT_FALSE(pat.check(9, 2, p)) << "byte " << at << " xor " << int(flip) << " passed";
+      p[at] ^= flip;
+    }
+  }
+  ASSERT_TRUE(pat.check(9, 2, p));
+  EXPECT_FALSE(pat.check(10, 2, p)) << "another block's shard passed";
+  EXPECT_FALSE(pat.check(9, 3, p)) << "another layer's shard passed";
+  EXPECT_FALSE(pat.check(9 + kMaxKvLayers, 2, p)) << "a block 2^16 away passed";
+  std::vector<uint8_t> other(bytes + 8);
+  pat.fill(9, 2, other.data());
+  std::memcpy(p, other.data() + 8, bytes);  // the same shard, one word off
+  EXPECT_FALSE(pat.check(9, 2, p)) << "the shard shifted by a word passed";
+  std::memset(p, 0, bytes);
+  EXPECT_FALSE(pat.check(9, 2, p)) << "zeros (a load that wrote nothing into a cleared part) passed";
+  pat.fill(9, 2, p);
+  pat.fill(4, 2, other.data());
+  std::memcpy(p + 800, other.data() + 800, 8);  // word 100 of block 4
+  EXPECT_FALSE(pat.check(9, 2, p)) << "a word of another block at the same offset passed";
+  pat.fill(9, 2, p);
+  std::memcpy(p + 800, p + 808, 8);  // word 101 at word 100
+  EXPECT_FALSE(pat.check(9, 2, p)) << "a word of this shard at another offset passed";
+}
+
+// No two words of the demo's keys coincide, over every block x layer x offset
+// of a small run (what the exact arguments of demo_kv.h say, and no accident
+// across keys and offsets at once).
+TEST(KvContent, WordsAreDistinctAcrossBlocksLayersAndOffsets) {
+  std::vector<uint64_t> words;
+  for (uint64_t b = 0; b < 64; ++b)
+    for (uint64_t l = 0; l < 16; ++l)
+      for (uint64_t i = 0; i < 512; ++i) words.push_back(ucm_demo::kv_word(b, l, i));
+  std::sort(words.begin(), words.end());
+  EXPECT_EQ(std::adjacent_find(words.begin(), words.end()), words.end());
+  for (uint64_t b = 0; b < 4096; ++b) EXPECT_NE(ucm_demo::block_id_word(b, 0), ucm_demo::block_id_word(b, 1));
+}
+
+// The cpu bound's memcpy rate: every thread copies, every pass is counted,
+// and nothing is claimed when no pass ran (never how fast).
+TEST(DemoBound, MemcpyRateCopiesOnEveryThreadAndSaysWhatItMeasured) {
+  const ucm_demo::CopyRate r = ucm_demo::memcpy_rate(2, 1 << 20, 3);
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.threads, 2u);
+  EXPECT_EQ(r.bytes_per_thread, uint64_t{1} << 20);
+  EXPECT_EQ(r.passes, 3);
+  EXPECT_GT(r.median_bytes_per_s, 0);
+  EXPECT_GE(r.best_bytes_per_s, r.median_bytes_per_s);
+  const ucm_demo::CopyRate none = ucm_demo::memcpy_rate(1, 4096, 0);
+  EXPECT_EQ(none.error, "no pass timed");
+  EXPECT_EQ(none.passes, 0);
+}
+
+TEST(DemoBound, TheLargerBoundIsTheBindingOne) {
+  ucm_demo::Bounds b;
+  b.store_s = 0.2;
+  b.cpu_s = 0.1;
+  EXPECT_STREQ(b.binding(), "store");
+  EXPECT_EQ(b.binding_s(), 0.2);
+  b.cpu_s = 0.3;
+  EXPECT_STREQ(b.binding(), "cpu");
+  EXPECT_EQ(b.binding_s(), 0.3);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "api/cache.h"
 #include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
+#include "mpi/store_dir.h"
 #include "mpi/task_util.h"
 
 namespace ucm::test {
@@ -336,6 +338,83 @@ TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
   EXPECT_EQ(store->counters().load_failures, 1u) << "the late read did not fail (did it land somewhere?)";
   std::printf("rank %d: finalize returned in %llu ms with a read stuck in the kernel (timeout_ms %u)\n", world_rank(),
               static_cast<unsigned long long>(fin_ms), cfg.timeout_ms);
+}
+
+
+// One bound for the whole of finalize, shared by its steps: a peer that does
+// not come uses up timeout_ms, and then a store read stuck in the kernel gets
+// what is left of it (nothing), not a second timeout_ms. The result says both
+// what the rank waited for in vain (the peer) and what it left behind (the
+// stuck I/O thread): a user told only of the peer would not know a thread of
+// this process is still in the kernel.
+TEST_F(Hang, FinalizeWithAnAbsentPeerAndAStuckStoreSaysBothWithinOneTimeout) {
+  if (world_size() < 2) GTEST_SKIP() << "needs a peer that comes late";
+  StoreDir store_dir("hang-both");
+  const std::string spec = store_dir.spec() + ",direct=off";
+  const ucm_key_t key = ukey(970, 0);
+  {  // The store holds the shard.
+    ucm_config_t cfg = task_config(64, spec.c_str());
+    ucm_cache_t cache = nullptr;
+    ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+    if (world_rank() == 0) {
+      std::vector<uint8_t> src(kTaskShard);
+      sim_fill(ikey(key), src.data(), src.size());
+      ucm_dump_entry_t e{key, src.data()};
+      ucm_task_t t = 0;
+      ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+      EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  }
+  ucm_config_t cfg = task_config(64, spec.c_str());
+  cfg.timeout_ms = 1500;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  Backend* store = impl_of(cache)->backend();
+  int armed = 1;
+  std::unique_ptr<KernelHang> hang;
+  std::string why_not;
+  if (world_rank() == 0) {  // only rank 0's read is held in the kernel
+    hang = std::make_unique<KernelHang>(cache);
+    armed = hang->armed() ? 1 : 0;
+    why_not = hang->why_not;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &armed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!armed) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+    GTEST_SKIP() << "no userfaultfd to hold a read in the kernel: " << why_not;
+  }
+  const uint64_t before = Cache::io_threads_left_behind();
+  if (world_rank() == 0) {
+    LoadBatch b;
+    b.add(key);
+    EXPECT_EQ(load_guarded(cache, b, "a read held in the kernel"), UCM_ERR_TIMEOUT) << msg(cache);
+    EXPECT_EQ(store->counters().inflight_loads, 1u) << "the store's read returned: nothing held it in the kernel";
+    // The peers finalize only once rank 0's finalize has returned: rank 0
+    // waits for them in vain until its deadline.
+    ucm_result_t fin = UCM_OK;
+    {
+      HangGuard g("ucm_cache_finalize with an absent peer and a read stuck in the kernel");
+      fin = ucm_cache_finalize(&cache);
+    }
+    const std::string fin_msg = msg(nullptr);
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
+    EXPECT_NE(fin_msg.find("local rank(s) 1"), std::string::npos) << "the absent peer is not named: " << fin_msg;
+    EXPECT_NE(fin_msg.find("1 of the store's I/O thread(s) were still in the kernel"), std::string::npos)
+        << "the stuck I/O thread is not reported: " << fin_msg;
+    EXPECT_EQ(Cache::io_threads_left_behind(), before + 1);
+    // Let the read go: it faults on the fenced-off slot, and the detached
+    // thread ends without touching anything.
+    hang->release();
+    EXPECT_TRUE(eventually("the detached read's return", [&] { return store->counters().inflight_loads == 0; }));
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);  // rank 0's finalize has returned
+    // Rank 0 departed before us: the remaining ranks meet each other.
+    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  }
 }
 
 }  // namespace

@@ -38,18 +38,25 @@ def test_demo_module_under_mpirun(rank0):
 
 
 def test_demo_kv_content_is_ucm_demos():
-    # kv_word of ucm_demo.cpp, on a few values (computed there).
+    # apps/demo_kv.h's words, by a pure-Python reference and by the values
+    # tests/bench/demo_bound_test.cpp pins for the C++ (KvGolden).
     w = ucmcache.demo.kv_words(3, 5, 4)
     z = lambda b, l, i: ucmcache.demo.kv_word(b, l, i)
     assert [int(x) for x in w] == [z(3, 5, i) for i in range(4)]
     m = (1 << 64) - 1
 
+    def mix(x):
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+
     def ref(block, layer, i):
-        x = ((block * 0x9E3779B97F4A7C15) & m) ^ (layer << 48) ^ ((i * 0xBF58476D1CE4E5B9) & m)
-        x = ((x ^ (x >> 31)) * 0x94D049BB133111EB) & m
-        return x ^ (x >> 29)
+        return mix((1 << 63) | (block << 16) | layer) ^ mix(i)
 
     assert [int(x) for x in w] == [ref(3, 5, i) for i in range(4)]
+    assert [int(x) for x in w] == [0x77f34b4a4fa65212, 0x21615d575fad57f7, 0xac2173dd758d4698, 0x69a015a7acb27ae2]
+    assert z(31, 15, 32767) == 0x65028904d3d80fea
+    assert ucmcache.demo.block_of(7) == (0x9a4b96a6b983944b).to_bytes(8, "little") + (0x9321b6d61d2851a5).to_bytes(8, "little")
 
 
 def test_example_runs(rank0):

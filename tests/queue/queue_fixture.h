@@ -1,8 +1,9 @@
 // One rank's load path, as ucm_cache_init builds it (a CacheBuffer over the
 // planes, a sim store, a copy engine and a LoadQueue), for the tests that run
-// a real queue: the queue suite (inline_test.cpp, handoff_test.cpp), the
-// copier against an async engine (device/copier_pin_test.cpp), and the mp
-// tests' forked ranks (mp/queue_rank.h). A test's own fixture derives from
+// a real queue: the queue suite (inline_test.cpp, handoff_test.cpp, and
+// prealloc_window_test.cpp through common/one_rank_queue.h), the copier
+// against an async engine (device/copier_pin_test.cpp), and the mp tests'
+// forked ranks (mp/queue_rank.h). A test's own fixture derives from
 // QueuePath and says only what it sets differently (QueueParts).
 #pragma once
 
@@ -54,8 +55,19 @@ struct QueuePath {
     build(std::move(p));
   }
 
-  // The load path over planes this rank has joined already.
+  // The load path over planes this rank has joined already, its queue started.
   void build(QueueParts p) {
+    p.queue.local_rank = p.rank;
+    const QueueOptions qo = p.queue;
+    ASSERT_NO_FATAL_FAILURE(open_below_queue(std::move(p)));
+    new_queue(qo);
+    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+  }
+
+  // The cache, the store and the engine over joined planes, and no queue yet
+  // (a test that needs tasks pending before the dispatcher starts adds one
+  // with new_queue and starts it itself).
+  void open_below_queue(QueueParts p) {
     p.cache.rank = p.rank;
     cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, p.cache);
     SimOptions so;
@@ -65,9 +77,12 @@ struct QueuePath {
     ctx.shards_per_block = p.shards_per_block;
     ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
     engine = p.engine ? std::move(p.engine) : make_host_engine(static_cast<int>(p.rank));
-    p.queue.local_rank = p.rank;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, p.queue);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+  }
+
+  // A fresh queue, not started, on the same cache (the previous one stopped first).
+  void new_queue(const QueueOptions& qo) {
+    if (queue) queue->stop();
+    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
   }
 
   // As Cache::release_local: the queue's threads, then the store's I/O

@@ -1,0 +1,188 @@
+// LoadQueue's dump path (load_queue.h, "Dumps"; docs/design.md 9.2). A dump
+// runs in the same queue as a load, on the same dispatcher and copier: the
+// dispatcher's get() decides whether this rank fills the slot (write_dump),
+// writes an existing copy through (start_write) or hands the entry to the
+// copier, which waits for the slot (process_dump) and then for the stored
+// word's outcome (dump_ready). The store's completion of a write-through
+// ends here too (write_done). There is no separate dump queue.
+#include <algorithm>
+#include <string>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "common/trace.h"
+#include "ctrl/layout.h"
+#include "queue/load_queue.h"
+#include "queue/load_queue_impl.h"
+
+namespace ucm {
+using load_queue_impl::add;
+using load_queue_impl::kStopCheckNs;
+
+Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream) {
+  UCM_TRACE(TraceRange::kDump);
+  const TaskEntry& e = t->entries()[index];
+  const uint64_t bytes = cache_->ctrl().slot_bytes();
+  uint64_t ticket = 0;
+  UCM_CHECK(stream->copy(cache_->data_at(slot), e.src, bytes, &ticket));
+  UCM_CHECK(stream->wait(ticket));
+  // Ready at once: peers hit it while it is written through, and a peer's
+  // dump of it waits for this write's outcome.
+  UCM_CHECK(cache_->mark_ready_for_write(slot));
+  start_write(t, index, slot);
+  return Result::kOk;
+}
+
+void LoadQueue::start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
+  // The caller holds a reference and is the slot's writer (stored word).
+  {
+    std::lock_guard<std::mutex> lk(io_mu_);
+    ++io_inflight_;
+  }
+  cache_->add_pin(slot);
+  auto* io = new Io{IoRequest{}, this, t, index, slot, false};
+  io->deadline_ns = t->deadline_ns();
+  io->req.key = t->entries()[index].key;
+  io->req.buf = cache_->data_at(slot);
+  io->req.bytes = cache_->ctrl().slot_bytes();
+  io->req.done = &LoadQueue::on_io_done;
+  io->req.user = io;
+  track_io(io);
+  backend_->dump(&io->req);
+}
+
+void LoadQueue::write_done(Io& io) {
+  const IoRequest& req = io.req;
+  // The stored word first: once the task is done, a new dump of the key
+  // must find the outcome (and write again after a failure).
+  if (cache_->finish_write(io.slot, req.result == Result::kOk) != Result::kOk)
+    UCM_WARN("rank %u: ending the write-through of slot %u: %s", opts_.local_rank, io.slot, last_error().c_str());
+  if (req.result == Result::kOk) {
+    add(ctr_->dumps, 1);
+    add(ctr_->bytes_dumped, req.bytes);
+    io.task->entry_ok();
+  } else {
+    // The slot stays Ready (its bytes are right); the store did not take
+    // them: the next dump of the key writes them again.
+    add(ctr_->failed_shards, 1);
+    io.task->entry_failed(io.index, Result::kBackend,
+                          key_text(req.key) + ": write-through failed: " + std::string(req.error));
+  }
+}
+
+void LoadQueue::process_dump(Item& it) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  const uint64_t started = now_ns();
+  uint32_t w = it.word;
+  for (;;) {
+    const State s = SlotView(w).state();
+    if (s == State::kReady) return dump_ready(it, started);
+    const bool unowned = SlotView(w).is_unowned();
+    if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
+      GetKind kind = GetKind::kWaiter;
+      if (!regain(it, &w, started, &kind)) return;
+      if (kind == GetKind::kOwner) return dump_as_owner(it);
+      continue;
+    }
+    if (s == State::kFailed || s == State::kCorrupt || unowned) {
+      if (s == State::kFailed && ++it.failures > opts_.load_retries) {
+        add(ctr_->wait_ns, now_ns() - started);
+        fail_item(it, Result::kBackend,
+                  key_text(e.key) + ": the slot failed " + std::to_string(it.failures) + " times while it was filled");
+        return;
+      }
+      // Nobody else will fill it: fill it from our bytes and write them
+      // through (a corrupt copy is replaced, in the cache and the store).
+      if (cache_->try_take_over(it.slot, w, true)) {
+        add(ctr_->wait_ns, now_ns() - started);
+        return dump_as_owner(it);
+      }
+      w = cache_->word(it.slot);
+      continue;
+    }
+    if (!await_change(it, &w, started)) return;
+  }
+}
+
+void LoadQueue::dump_as_owner(Item& it) {
+  const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
+  if (r != Result::kOk) {
+    (void)cache_->mark_failed(it.slot);
+    fail_item(it, r, key_text(it.task->entries()[it.index].key) + ": " + last_error());
+    return;
+  }
+  cache_->release(it.slot);  // the entry completes with the write-through
+}
+
+void LoadQueue::dump_ready(Item& it, uint64_t started) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  for (;;) {
+    WriteClaim wc = WriteClaim::kStored;
+    uint32_t sw = 0;
+    const Result r = cache_->claim_write(it.slot, &wc, &sw);
+    if (r != Result::kOk) {
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, r, key_text(e.key) + ": " + last_error());
+      return;
+    }
+    if (wc != WriteClaim::kBeingWritten) {
+      add(ctr_->wait_ns, now_ns() - started);
+      if (wc == WriteClaim::kWriter) start_write(it.task, it.index, it.slot);  // completes the entry
+      else it.task->entry_ok();
+      cache_->release(it.slot);
+      return;
+    }
+    // Another write of these bytes is in flight (or ours, from an earlier
+    // task): its outcome is ours.
+    if (await_write(it, sw, started)) return;
+    // NotStored: its writer died; claim the write ourselves.
+  }
+}
+
+bool LoadQueue::await_write(Item& it, uint32_t sw, uint64_t started) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  for (;;) {
+    if (stopping()) {
+      fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while it was written through");
+      return true;
+    }
+    const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
+    uint32_t now_sw = sw;
+    const Result wr = cache_->wait_store_change(it.slot, sw, until, &now_sw);
+    if (wr == Result::kTimeout) {
+      if (now_ns() < it.task->deadline_ns()) continue;
+      add(ctr_->wait_ns, now_ns() - started);
+      fail_item(it, Result::kTimeout,
+                key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(sw)) +
+                    " did not end by the task's deadline");
+      return true;
+    }
+    if (wr != Result::kOk) {
+      fail_item(it, wr, key_text(e.key) + ": " + last_error());
+      return true;
+    }
+    const StoreState st = static_cast<StoreState>(now_sw & kStoredStateMask);
+    if (st == StoreState::kWriting) {  // a new writer took over a dead one's write
+      sw = now_sw;
+      continue;
+    }
+    if (st == StoreState::kWriteFailed) {
+      add(ctr_->wait_ns, now_ns() - started);
+      add(ctr_->failed_shards, 1);
+      cache_->release(it.slot);
+      it.task->entry_failed(it.index, Result::kBackend,
+                            key_text(e.key) + ": local rank " + std::to_string(stored_writer(now_sw)) +
+                                "'s write-through failed (the store did not take the bytes)");
+      return true;
+    }
+    if (st == StoreState::kStored) {
+      add(ctr_->wait_ns, now_ns() - started);
+      cache_->release(it.slot);
+      it.task->entry_ok();
+      return true;
+    }
+    return false;  // NotStored: its writer died
+  }
+}
+
+}  // namespace ucm

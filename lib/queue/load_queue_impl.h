@@ -1,0 +1,34 @@
+// What LoadQueue's two sources share (load_queue.cpp: the dispatcher, loads
+// and the copier; dump_path.cpp: dumps and their write-throughs). Internal
+// to queue/: nothing outside the layer includes it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "queue/load_queue.h"
+
+namespace ucm {
+namespace load_queue_impl {
+
+constexpr uint64_t kStopCheckNs = 20'000'000;  // how often blocked threads look at stopping_
+
+inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
+
+}  // namespace load_queue_impl
+
+// One backend I/O into a slot. Holds its own pin on the slot until done.
+struct LoadQueue::Io {
+  IoRequest req;
+  LoadQueue* queue;
+  std::shared_ptr<Task> task;  // dumps: the entry completes with the write
+  uint32_t index;
+  uint32_t slot;
+  bool is_load;
+  uint64_t deadline_ns = kNoDeadline;  // the task's
+  uint32_t word = 0;                   // the slot's word when the load began (abandon_load's check)
+  bool expired = false;                // under io_mu_: the completion is late, and only drops the pin
+};
+
+}  // namespace ucm
