@@ -6,7 +6,7 @@ build's compile_commands.json, rerun its compile command as `-E -dM` (macros
 only) and fail if any MPI header's macro is defined: the file, or a header it
 includes, reached <mpi.h>.
 
-usage: core_no_mpi_test.py BUILD_ROOT
+usage: core_no_mpi_test.py BUILD_ROOT SOURCE_ROOT
 """
 import json
 import os
@@ -19,17 +19,16 @@ MPI_MACROS = ("MPI_VERSION", "OMPI_MAJOR_VERSION", "MPICH_VERSION")
 
 
 def main():
-    build = sys.argv[1]
+    build, source = sys.argv[1], os.path.realpath(sys.argv[2])
     with open(os.path.join(build, "compile_commands.json")) as f:
         commands = json.load(f)
     checked, bad = 0, []
     for c in commands:
         src = os.path.normpath(os.path.join(c["directory"], c["file"]))
-        parts = src.split(os.sep)
-        if "lib" not in parts or "tests" in parts:
-            continue
-        layer = parts[parts.index("lib") + 1] if parts.index("lib") + 1 < len(parts) else ""
-        if layer not in CORE:
+        # lib/<layer>/... under the source root: the folders above it may be
+        # named anything (a checkout at /work/tests, or in a folder called lib).
+        parts = os.path.relpath(os.path.realpath(src), source).split(os.sep)
+        if len(parts) < 3 or parts[0] != "lib" or parts[1] not in CORE:
             continue
         argv = shlex.split(c["command"])
         out = []

@@ -136,7 +136,7 @@ TEST_F(WriteThrough, ClaimWriteWantsAReadySlotAndWaitsAreBounded) {
   uint32_t now = 0;
   const uint64_t start = now_ns();
   EXPECT_EQ(r1_->wait_store_change(slot, seen, deadline_after_ms(30), &now), Result::kTimeout);
-  EXPECT_LT(now_ns() - start, 5'000'000'000ull);
+  EXPECT_GE(now_ns() - start, 30'000'000ull) << "timed out before its deadline";
   EXPECT_NE(last_error().find("write-through by local rank 0 is still in flight"), std::string::npos)
       << last_error();
   ASSERT_EQ(r0_->finish_write(g.slot, true), Result::kOk);

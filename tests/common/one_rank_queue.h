@@ -1,51 +1,25 @@
-// One rank's load path in this process for the queue tests: a real node cache
-// (control memfd + data memfds), a sim store with no latency, the host engine
-// and a LoadQueue over them (not started: the test submits first if it needs
-// tasks pending when the dispatcher starts).
+// One rank's load path in this process, its queue not started (the test
+// submits first if it needs tasks pending when the dispatcher starts): the
+// name prealloc_window_test.cpp uses for QueuePath (queue/queue_fixture.h),
+// the one load-path fixture of the tests.
 #pragma once
-
-#include <memory>
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
-#include "common/test_util.h"
-#include "ctrl/recovery.h"
-#include "device/host_engine.h"
-#include "queue/load_queue.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm::test {
 
-struct OneRankQueue {
-  TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
-  // The cache (p's slots and shards per block), joined as rank 0, its store and engine.
+struct OneRankQueue : QueuePath {
+  // The cache (p's slots, slot bytes and shards per block), joined as rank 0,
+  // a sim store with no latency and the host engine; new_queue adds a queue.
   void open_cache(const CtrlParams& p) {
     make_cache(p, &planes);
     ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, CacheOptions{});
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = p.slot_bytes;
-    ctx.shards_per_block = p.shards_per_block;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_host_engine(0);
-  }
-  // A fresh queue on the same cache (the previous one stopped first).
-  void new_queue(const QueueOptions& qo) {
-    if (queue) queue->stop();
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-  }
-  ~OneRankQueue() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
+    QueueParts parts;
+    parts.shard_bytes = p.slot_bytes;
+    parts.shards_per_block = p.shards_per_block;
+    open_below_queue(std::move(parts));
   }
 };
 

@@ -6,48 +6,24 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "common/time.h"
-#include "ctrl/recovery.h"
 #include "device/copy_engine.h"
-#include "queue/load_queue.h"
-#include "common/test_util.h"
+#include "common/hang_guard.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm {
 namespace {
 
 constexpr uint64_t kShard = 4096;
 
-struct Rank {
-  test::TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
+struct Rank : test::QueuePath {
   void open(const AsyncTestOptions& o) {
-    test::make_cache(test::params(64, 0, kShard, 8, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(10000)), Result::kOk) << last_error();
-    CacheOptions co;
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, co);
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = kShard;
-    ctx.shards_per_block = 8;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = make_async_test_engine(0, o);
-    QueueOptions qo;
-    qo.prealloc = false;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  ~Rank() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
+    test::QueueParts p;
+    p.shard_bytes = kShard;
+    p.shards_per_block = 8;
+    p.engine = make_async_test_engine(0, o);
+    open_alone(64, std::move(p));
   }
   uint64_t pins() const {
     uint64_t n = 0;
@@ -110,17 +86,6 @@ TEST(CopierWithAsyncEngine, AFailedFlushKeepsThePinUntilTheCopyInFlightLanded) {
   EXPECT_EQ(r.pins(), 0u) << "settled: the pin is released";
 }
 
-// Waits (bounded) until pred() holds; false at the bound.
-template <typename P>
-bool eventually(P pred, uint64_t ms = 10000) {
-  const uint64_t until = deadline_after_ms(ms);
-  while (!pred()) {
-    if (now_ns() >= until) return false;
-    sleep_for_ns(200'000);
-  }
-  return true;
-}
-
 // Opens the gate for good when the test ends, however it ends.
 struct GateOpener {
   std::shared_ptr<AsyncTestGate> g;
@@ -154,12 +119,12 @@ TEST(CopierWithAsyncEngine, ShardsReadyTogetherGoOutInOneBatch) {
   std::vector<std::vector<uint8_t>> da, db;
   auto a = load_task(2, &da, 1, 300);
   ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  ASSERT_TRUE(test::eventually("the copier waiting for the held copy", [&] { return o.stats->waiting.load() == 1; }));
   // Six hits dispatched while the copier waits: all six wait for it.
   const uint64_t hits = r.cache->counters().hits.load();
   auto b = load_task(3, &db, 6, 200);
   ASSERT_EQ(r.queue->submit(b), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 6; }));
+  ASSERT_TRUE(test::eventually("six hits", [&] { return r.cache->counters().hits.load() >= hits + 6; }));
   const uint64_t flushes = o.stats->flushes.load();
   o.gate->open();
   ASSERT_TRUE(a->wait_until(deadline_after_ms(20000)));
@@ -189,18 +154,20 @@ TEST(CopierWithAsyncEngine, AFullWindowWaitsForTheOldestCopyOnly) {
   std::vector<std::vector<uint8_t>> da, d;
   auto a = load_task(2, &da, 1, 500);
   ASSERT_EQ(r.queue->submit(a), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return o.stats->waiting.load() == 1; })) << "the copier never waited for the held copy";
+  ASSERT_TRUE(test::eventually("the copier waiting for the held copy", [&] { return o.stats->waiting.load() == 1; }));
   const uint64_t hits = r.cache->counters().hits.load();
   auto t = load_task(3, &d, 12, 400);
   ASSERT_EQ(r.queue->submit(t), Result::kOk) << last_error();
-  ASSERT_TRUE(eventually([&] { return r.cache->counters().hits.load() >= hits + 12; }));
+  ASSERT_TRUE(test::eventually("twelve hits", [&] { return r.cache->counters().hits.load() >= hits + 12; }));
   const uint64_t copies = o.stats->copies.load();
   o.gate->allow(1);  // the held copy lands
   // The window fills (8 copies) and nothing more lands.
-  ASSERT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
+  ASSERT_TRUE(test::eventually("eight copies in flight",
+                               [&] { return o.stats->copies.load() >= copies + 8 && o.stats->waiting.load() == 1; }));
   EXPECT_EQ(o.stats->copies.load(), copies + 8) << "more copies than the window in flight";
   o.gate->allow(1);  // the oldest lands
-  EXPECT_TRUE(eventually([&] { return o.stats->copies.load() >= copies + 9; }, 5000))
+  EXPECT_TRUE(test::eventually("the ninth copy, once the oldest landed",
+                               [&] { return o.stats->copies.load() >= copies + 9; }))
       << "the ninth shard waited for more than the oldest copy";
   o.gate->open();
   ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/ctrl_check.h"
+#include "common/hang_guard.h"
 #include "common/mp_util.h"
 #include "common/test_util.h"
 #include "ctrl/pins.h"
@@ -22,7 +23,9 @@
 namespace ucm::test {
 namespace {
 
-constexpr uint64_t kDeadlineMs = 10000;  // a hang, not slowness: the design bound is < 2 s
+// The bound of every wait here: a hang, not slowness (the design bound is
+// < 2 s; the tests print how long recovery took, and assert only its outcome).
+uint64_t deadline_ms() { return hang_ms(20); }
 
 void sleep_forever() {
   for (;;) pause();
@@ -37,7 +40,7 @@ double ms_between(uint64_t from_ns, uint64_t to_ns) {
 void join_as(const TestCache& parent, uint32_t rank, TestCache* mine) {
   attach_copy(parent, mine);
   if (::testing::Test::HasFatalFailure()) _exit(100);
-  if (const Result r = join_rank_retrying(mine->ctrl, rank, deadline_after_ms(kDeadlineMs)); r != Result::kOk) {
+  if (const Result r = join_rank_retrying(mine->ctrl, rank, deadline_after_ms(deadline_ms())); r != Result::kOk) {
     ADD_FAILURE() << "join as rank " << rank << ": " << result_name(r) << ": " << last_error();
     _exit(100);
   }
@@ -100,13 +103,13 @@ TEST(SigKill, BucketLockOfAKilledHolderIsRecoveredAndGetOnItsBucketSucceeds) {
     TestCache mine;
     join_as(tc, 1, &mine);
     uint32_t dead = 0;
-    ASSERT_EQ(shared_lock(&mine.ctrl.bucket(b).lock, holder_id(1), deadline_after_ms(kDeadlineMs),
+    ASSERT_EQ(shared_lock(&mine.ctrl.bucket(b).lock, holder_id(1), deadline_after_ms(deadline_ms()),
                           lock_policy_for(mine.ctrl, 50'000'000), &dead),
               Result::kOk);
     sh->locked.set(1);
     sleep_forever();
   });
-  ASSERT_TRUE(sh->locked.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->locked.wait_ge(1, deadline_after_ms(deadline_ms())));
 
   const pid_t getter = ch.spawn([&] {
     TestCache mine;
@@ -125,7 +128,7 @@ TEST(SigKill, BucketLockOfAKilledHolderIsRecoveredAndGetOnItsBucketSucceeds) {
     cb.release(g.slot);
     mine.ctrl.leave(2);
   });
-  ASSERT_TRUE(sh->getting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->getting.wait_ge(1, deadline_after_ms(deadline_ms())));
   // While the holder lives, nobody gets through its lock.
   usleep(200 * 1000);
   EXPECT_EQ(sh->got_ns.load(), 0u) << "get() went through a bucket lock held by a live process (result "
@@ -134,12 +137,11 @@ TEST(SigKill, BucketLockOfAKilledHolderIsRecoveredAndGetOnItsBucketSucceeds) {
   // Killed, and left a zombie (not waited for): that must count as dead too.
   const uint64_t t_kill = now_ns();
   ASSERT_EQ(::kill(holder, SIGKILL), 0);
-  EXPECT_EQ(ch.wait(getter, kDeadlineMs), 0) << "the getter did not finish within " << kDeadlineMs << " ms";
+  EXPECT_EQ(ch.wait(getter, deadline_ms()), 0) << "hung: the getter did not finish within " << deadline_ms() << " ms";
   const uint64_t got = sh->got_ns.load();
   ASSERT_NE(got, 0u);
   std::printf("[SigKill lock] get() on the dead holder's bucket returned %.1f ms after SIGKILL\n", ms_between(t_kill, got));
-  EXPECT_LT(ms_between(t_kill, got), static_cast<double>(kDeadlineMs));
-  EXPECT_EQ(ch.wait(holder, kDeadlineMs), 128 + SIGKILL);
+  EXPECT_EQ(ch.wait(holder, deadline_ms()), 128 + SIGKILL);
 
   EXPECT_EQ(tc.ctrl.bucket(b).lock.load(), 0u);
   EXPECT_EQ(tc.ctrl.rank(1).state.load(), static_cast<uint32_t>(RankState::kFree)) << "rank 1 was reaped";
@@ -166,7 +168,7 @@ struct OwnerShared {
 // Pinned on `slot` (which holds k) having seen `w`: waits until Ready, taking
 // a Failed load over (and loading k) if it can. Returns false on a failure.
 bool wait_or_take_over(CacheBuffer& cb, const Key& k, uint32_t slot, uint32_t w, OwnerShared* sh) {
-  const uint64_t deadline = deadline_after_ms(kDeadlineMs);
+  const uint64_t deadline = deadline_after_ms(deadline_ms());
   std::atomic<uint32_t>& word = cb.ctrl().slot(slot).word;
   for (;;) {
     const State s = word_state(w);
@@ -225,7 +227,7 @@ pid_t spawn_half_loading_owner(Children& ch, const TestCache& tc, OwnerShared* s
     sh->owning.set(1);
     sleep_forever();
   });
-  return sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)) ? owner : -1;
+  return sh->owning.wait_ge(1, deadline_after_ms(deadline_ms())) ? owner : -1;
 }
 
 TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
@@ -256,7 +258,7 @@ TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
       mine.ctrl.leave(rank);
     });
   }
-  ASSERT_TRUE(sh->waiting.wait_ge(kOwnerWaiters, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->waiting.wait_ge(kOwnerWaiters, deadline_after_ms(deadline_ms())));
   usleep(100 * 1000);
   const uint32_t slot = sh->slot.load();
   const uint32_t w = tc.ctrl.slot(slot).word.load();
@@ -266,7 +268,7 @@ TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
 
   const uint64_t t_kill = now_ns();
   ch.kill_now(owner);  // dead and waited for
-  for (uint32_t i = 0; i < kOwnerWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], kDeadlineMs), 0) << "waiter " << i;
+  for (uint32_t i = 0; i < kOwnerWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], deadline_ms()), 0) << "waiter " << i;
   EXPECT_FALSE(sh->error.any()) << sh->error.first();
   EXPECT_EQ(sh->winners.load(), 1u) << "exactly one waiter reloads the dead owner's shard";
   EXPECT_GE(sh->saw_failed.load(), 1u) << "the dead owner's slot went through Failed";
@@ -274,7 +276,6 @@ TEST(SigKill, KilledOwnersHalfLoadIsNeverServedAndExactlyOneWaiterReloads) {
   std::printf("[SigKill owner] the dead owner's shard was reloaded and Ready %.1f ms after SIGKILL (%u waiters, %u "
               "saw it Failed)\n",
               ms_between(t_kill, sh->ready_ns.load()), kOwnerWaiters, sh->saw_failed.load());
-  EXPECT_LT(ms_between(t_kill, sh->ready_ns.load()), static_cast<double>(kDeadlineMs));
 
   EXPECT_EQ(tc.ctrl.rank(1).state.load(), static_cast<uint32_t>(RankState::kFree));
   EXPECT_EQ(quiescent(tc), "");
@@ -318,7 +319,7 @@ TEST(SigKill, LateGetOfAKilledOwnersKeyTakesTheLoadOver) {
     cb.release(g.slot);
     mine.ctrl.leave(2);
   });
-  EXPECT_EQ(ch.wait(late, kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(late, deadline_ms()), 0);
   EXPECT_FALSE(sh->error.any()) << sh->error.first();
   EXPECT_EQ(sh->winners.load(), 1u);
   ASSERT_NE(sh->ready_ns.load(), 0u);
@@ -346,7 +347,7 @@ struct WriterShared {
 // A dumper pinned on Ready `slot` that saw the write `seen` in flight: waits
 // for its outcome, writing the bytes itself if the writer is gone.
 void await_write_or_take_over(CacheBuffer& cb, uint32_t slot, uint32_t seen, WriterShared* sh) {
-  const uint64_t deadline = deadline_after_ms(kDeadlineMs);
+  const uint64_t deadline = deadline_after_ms(deadline_ms());
   for (;;) {
     uint32_t now = 0;
     if (cb.wait_store_change(slot, seen, deadline, &now) != Result::kOk) {
@@ -409,7 +410,7 @@ TEST(SigKill, KilledWritersWriteThroughIsWrittenByExactlyOneWaitingDumper) {
     sh->writing.set(1);
     sleep_forever();
   });
-  ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs))) << "the writer never reported";
+  ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(deadline_ms()))) << "the writer never reported";
 
   const uint32_t waiter_ranks[kWriteWaiters] = {2, 3};
   pid_t waiters[kWriteWaiters];
@@ -433,7 +434,7 @@ TEST(SigKill, KilledWritersWriteThroughIsWrittenByExactlyOneWaitingDumper) {
       mine.ctrl.leave(rank);
     });
   }
-  ASSERT_TRUE(sh->waiting.wait_ge(kWriteWaiters, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->waiting.wait_ge(kWriteWaiters, deadline_after_ms(deadline_ms())));
   usleep(100 * 1000);
   const uint32_t slot = sh->slot.load();
   const uint32_t sw = tc.ctrl.stored(slot).load();
@@ -443,14 +444,13 @@ TEST(SigKill, KilledWritersWriteThroughIsWrittenByExactlyOneWaitingDumper) {
 
   const uint64_t t_kill = now_ns();
   ch.kill_now(writer);
-  for (uint32_t i = 0; i < kWriteWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], kDeadlineMs), 0) << "waiter " << i;
+  for (uint32_t i = 0; i < kWriteWaiters; ++i) EXPECT_EQ(ch.wait(waiters[i], deadline_ms()), 0) << "waiter " << i;
   EXPECT_FALSE(sh->error.any()) << sh->error.first();
   EXPECT_EQ(sh->writers.load(), 1u) << "exactly one waiting dumper writes the dead writer's bytes";
   EXPECT_EQ(sh->stored.load(), kWriteWaiters - 1) << "the other gets that write's outcome";
   ASSERT_NE(sh->written_ns.load(), 0u);
   std::printf("[SigKill writer] the dead writer's write-through was taken over %.1f ms after SIGKILL\n",
               ms_between(t_kill, sh->written_ns.load()));
-  EXPECT_LT(ms_between(t_kill, sh->written_ns.load()), static_cast<double>(kDeadlineMs));
   EXPECT_EQ(tc.ctrl.rank(1).state.load(), static_cast<uint32_t>(RankState::kFree));
   EXPECT_EQ(quiescent(tc), "");
   EXPECT_EQ(stored_state(tc.ctrl.stored(slot).load(), tc.ctrl.slot(slot).word.load()), StoreState::kStored);
@@ -493,7 +493,7 @@ TEST(SigKill, PinsOfAKilledRankOnEverySlotAreReleasedAndTheCacheIsUsableAgain) {
     sh->pinned.set(1);
     sleep_forever();  // holds 64 pins
   });
-  ASSERT_TRUE(sh->pinned.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->pinned.wait_ge(1, deadline_after_ms(deadline_ms())));
 
   const pid_t user = ch.spawn([&] {
     TestCache mine;
@@ -506,7 +506,7 @@ TEST(SigKill, PinsOfAKilledRankOnEverySlotAreReleasedAndTheCacheIsUsableAgain) {
     ASSERT_EQ(cb.prealloc(key(998, 1), &po), Result::kOk);
     EXPECT_EQ(po, PreallocOutcome::kPlacedReserved);
     sh->saw_no_space.set(1);
-    ASSERT_TRUE(sh->killed.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+    ASSERT_TRUE(sh->killed.wait_ge(1, deadline_after_ms(deadline_ms())));
     const Result r = cb.get(fresh, &g);  // the pinner is dead now
     sh->first_result.store(static_cast<int32_t>(r));
     ASSERT_EQ(r, Result::kOk) << "the first get() after the death must recover the pins: " << last_error();
@@ -518,11 +518,11 @@ TEST(SigKill, PinsOfAKilledRankOnEverySlotAreReleasedAndTheCacheIsUsableAgain) {
     cb.release(g.slot);
     mine.ctrl.leave(2);
   });
-  ASSERT_TRUE(sh->saw_no_space.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->saw_no_space.wait_ge(1, deadline_after_ms(deadline_ms())));
   const uint64_t t_kill = now_ns();
   ch.kill_now(pinner);
   sh->killed.set(1);
-  EXPECT_EQ(ch.wait(user, kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(user, deadline_ms()), 0);
   ASSERT_NE(sh->owner_ns.load(), 0u);
   std::printf("[SigKill pins] a get() needing a victim succeeded %.1f ms after SIGKILL of the rank pinning all %u "
               "slots\n",
@@ -578,7 +578,7 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     sh->claimed.set(1);
     sleep_forever();
   });
-  ASSERT_TRUE(sh->claimed.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->claimed.wait_ge(1, deadline_after_ms(deadline_ms())));
   ch.kill_now(doomed);
 
   // Rank 2, alive, holds K's bucket lock for a while: reaping the claim waits for it.
@@ -586,15 +586,15 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     TestCache mine;
     join_as(tc, 2, &mine);
     uint32_t dead = 0;
-    ASSERT_EQ(shared_lock(&mine.ctrl.bucket(b).lock, holder_id(2), deadline_after_ms(kDeadlineMs),
+    ASSERT_EQ(shared_lock(&mine.ctrl.bucket(b).lock, holder_id(2), deadline_after_ms(deadline_ms()),
                           lock_policy_for(mine.ctrl, 50'000'000), &dead),
               Result::kOk);
     sh->locked.set(1);
-    EXPECT_TRUE(sh->release.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+    EXPECT_TRUE(sh->release.wait_ge(1, deadline_after_ms(deadline_ms())));
     shared_unlock(&mine.ctrl.bucket(b).lock);
     mine.ctrl.leave(2);
   });
-  ASSERT_TRUE(sh->locked.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->locked.wait_ge(1, deadline_after_ms(deadline_ms())));
 
   // A survivor, joined before the replacement starts; later it notices the
   // dead rank and reaps too: it must wait its turn.
@@ -602,12 +602,12 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     TestCache mine;
     join_as(tc, 3, &mine);
     sh->survivor_up.set(1);
-    EXPECT_TRUE(sh->survivor_go.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+    EXPECT_TRUE(sh->survivor_go.wait_ge(1, deadline_after_ms(deadline_ms())));
     sh->survivor_in.set(1);
-    EXPECT_EQ(reap_dead_ranks(mine.ctrl, 3, nullptr, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+    EXPECT_EQ(reap_dead_ranks(mine.ctrl, 3, nullptr, deadline_after_ms(deadline_ms())), Result::kOk) << last_error();
     mine.ctrl.leave(3);
   });
-  ASSERT_TRUE(sh->survivor_up.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->survivor_up.wait_ge(1, deadline_after_ms(deadline_ms())));
 
   // The replacement for rank 1.
   const pid_t replacement = ch.spawn([&] {
@@ -616,23 +616,23 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     sh->join_first.store(static_cast<int32_t>(mine.ctrl.join(1)));
     sh->replacement_in_reap.store(1);
     sh->reaping.set(1);
-    const Result r = reap_dead_ranks(mine.ctrl, 1, nullptr, deadline_after_ms(kDeadlineMs));
+    const Result r = reap_dead_ranks(mine.ctrl, 1, nullptr, deadline_after_ms(deadline_ms()));
     sh->replacement_in_reap.store(0);
     sh->reaped.set(1);
     ASSERT_EQ(r, Result::kOk) << last_error();
     ASSERT_EQ(mine.ctrl.join(1), Result::kOk) << last_error();
-    EXPECT_TRUE(sh->finish.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+    EXPECT_TRUE(sh->finish.wait_ge(1, deadline_after_ms(deadline_ms())));
     sh->record_pid_at_end.store(mine.ctrl.rank(1).pid.load());
     sh->record_state_at_end.store(mine.ctrl.rank(1).state.load());
     mine.ctrl.leave(1);
   });
-  ASSERT_TRUE(sh->reaping.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->reaping.wait_ge(1, deadline_after_ms(deadline_ms())));
 
   // The replacement holds the recovery lock now (under whatever holder id it
   // uses), unless it could finish without waiting for the bucket.
   uint32_t reaper = 0;
   {
-    const uint64_t deadline = deadline_after_ms(kDeadlineMs);
+    const uint64_t deadline = deadline_after_ms(deadline_ms());
     while (now_ns() < deadline && !sh->reaped.get()) {
       const uint32_t h = static_cast<uint32_t>(recovery_lock_holder(tc.ctrl));
       if (h != 0 && sh->replacement_in_reap.load()) {
@@ -645,7 +645,7 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
   EXPECT_EQ(sh->join_first.load(), static_cast<int32_t>(Result::kPeerDead));
 
   sh->survivor_go.set(1);
-  ASSERT_TRUE(sh->survivor_in.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_TRUE(sh->survivor_in.wait_ge(1, deadline_after_ms(deadline_ms())));
   uint32_t stolen_by = 0;
   for (int i = 0; i < 300 && stolen_by == 0 && reaper != 0; ++i) {
     // In reap before and after the read: the holder we read is not its successor's.
@@ -656,11 +656,11 @@ TEST(SigKill, AReplacementReapingItsDeadPredecessorKeepsTheRecoveryLock) {
     usleep(1000);
   }
   sh->release.set(1);
-  EXPECT_EQ(ch.wait(holder, kDeadlineMs), 0);
-  EXPECT_EQ(ch.wait(survivor, kDeadlineMs), 0);
-  EXPECT_TRUE(sh->reaped.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  EXPECT_EQ(ch.wait(holder, deadline_ms()), 0);
+  EXPECT_EQ(ch.wait(survivor, deadline_ms()), 0);
+  EXPECT_TRUE(sh->reaped.wait_ge(1, deadline_after_ms(deadline_ms())));
   sh->finish.set(1);
-  EXPECT_EQ(ch.wait(replacement, kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(replacement, deadline_ms()), 0);
   EXPECT_EQ(stolen_by, 0u) << "while the live replacement of rank 1 was reaping (holder id " << reaper
                            << "), holder id " << stolen_by
                            << " took the recovery lock from it: the liveness probe asks rank_alive(1), which still "
@@ -699,7 +699,7 @@ TEST(SigKill, ChaosKillsRandomRanksWhileTheOthersKeepWorkingCorrectly) {
       TestCache mine;
       attach_copy(tc, &mine);
       // A replacement finds its rank still held by the dead: reap, then join.
-      const Result j = join_rank_retrying(mine.ctrl, r, deadline_after_ms(kDeadlineMs));
+      const Result j = join_rank_retrying(mine.ctrl, r, deadline_after_ms(deadline_ms()));
       if (j != Result::kOk) {
         sh->error.report("rank %u: a new worker could not join: %s", r, last_error().c_str());
         return;
@@ -732,7 +732,7 @@ TEST(SigKill, ChaosKillsRandomRanksWhileTheOthersKeepWorkingCorrectly) {
     pids[victim] = spawn_worker(victim);
     // Within the deadline: the replacement has joined, and every survivor has
     // finished an operation since the kill (nobody hangs on the dead).
-    const uint64_t deadline = deadline_after_ms(kDeadlineMs);
+    const uint64_t deadline = deadline_after_ms(deadline_ms());
     while (cs->joined_ns[victim].load() == 0 && now_ns() < deadline && !sh->error.any()) usleep(500);
     ASSERT_NE(cs->joined_ns[victim].load(), 0u) << "kill " << n << ": the replacement of rank " << victim
                                                 << " did not join: " << sh->error.first();
@@ -741,7 +741,7 @@ TEST(SigKill, ChaosKillsRandomRanksWhileTheOthersKeepWorkingCorrectly) {
       if (r == victim) continue;
       while (sh->ranks[r].ops.load() == ops_before[r] && now_ns() < deadline && !sh->error.any()) usleep(500);
       ASSERT_GT(sh->ranks[r].ops.load(), ops_before[r])
-          << "kill " << n << " of rank " << victim << ": rank " << r << " made no progress for " << kDeadlineMs
+          << "kill " << n << " of rank " << victim << ": rank " << r << " made no progress for " << deadline_ms()
           << " ms: " << sh->error.first();
       worst_progress_ms = std::max(worst_progress_ms, ms_between(t_kill, now_ns()));
     }
@@ -749,7 +749,7 @@ TEST(SigKill, ChaosKillsRandomRanksWhileTheOthersKeepWorkingCorrectly) {
   usleep(100 * 1000);
   sh->stop.store(1);
   for (uint32_t r = 0; r < kRanks; ++r) EXPECT_EQ(ch.wait(pids[r], 20000), 0) << "rank " << r;
-  for (pid_t z : zombies) EXPECT_EQ(ch.wait(z, kDeadlineMs), 128 + SIGKILL);
+  for (pid_t z : zombies) EXPECT_EQ(ch.wait(z, deadline_ms()), 128 + SIGKILL);
   ASSERT_FALSE(sh->error.any()) << sh->error.first();
 
   // All workers have left; every dead one was reaped by its replacement.

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/store_dir.h"
 #include "mpi/task_util.h"
@@ -24,7 +25,7 @@
 namespace ucm::test {
 namespace {
 
-using Dump = MpiTest;
+using Dump = CacheTest;
 
 
 // Dumped content: the complement of the sim store's, so a copy that came from
@@ -69,8 +70,8 @@ uint64_t sum_over_ranks(uint64_t v) {
 TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
   StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   constexpr uint64_t kKeys = 8;
   DumpBatch d;
   for (uint64_t i = 0; i < kKeys; ++i) d.add(ukey(30000 + i, static_cast<uint32_t>(i % 8)));
@@ -93,12 +94,11 @@ TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
   const ucm_stats_t s2 = node_stats(cache);
   EXPECT_EQ(s2.hits - s1.hits, kKeys * static_cast<uint64_t>(world_size())) << "every rank hit every dumped key";
   EXPECT_EQ(s2.owner_loads, s1.owner_loads) << "no backend load";
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
 
   // A restart: a new, empty cache over the same store. The bytes come back
   // from the files.
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   LoadBatch again;
   for (const ucm_dump_entry_t& e : d.entries) again.add(e.key);
   ASSERT_EQ(load_and_wait(cache, again), UCM_OK) << ucm_last_error(cache);
@@ -108,8 +108,7 @@ TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
   EXPECT_EQ(s3.owner_loads, kKeys) << "each key read from the store once per node";
   EXPECT_EQ(s3.bytes_from_backend, kKeys * kTaskShard);
   EXPECT_EQ(s3.failed_shards, 0u);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
@@ -117,8 +116,8 @@ TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
   std::string spec = "sim:latency_us=100,fail_keys=";
   for (int r = 0; r < world_size(); ++r) spec += (r ? "+" : "") + std::to_string(31000 + r) + ".1";
   ucm_config_t cfg = task_config(128, spec.c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   const uint64_t me = static_cast<uint64_t>(world_rank());
   DumpBatch d;
   d.add(ukey(31100 + me, 1));
@@ -145,8 +144,7 @@ TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
   const ucm_stats_t s2 = node_stats(cache);
   EXPECT_EQ(s2.owner_loads, s1.owner_loads) << "nothing went to the store";
   EXPECT_EQ(s2.dumps, static_cast<uint64_t>(world_size())) << "only the good keys were written";
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // While it lives, this process cannot grow a file past `bytes` (writes fail
@@ -188,8 +186,8 @@ uint64_t ranks_where(bool b) { return sum_over_ranks(b ? 1 : 0); }
 TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer) {
   StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   const ucm_key_t a = ukey(34000, 1);  // retried by rank 0 itself
   const ucm_key_t b = ukey(34001, 2);  // retried by the last rank
   const int last = world_size() - 1;
@@ -225,11 +223,10 @@ TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer)
   EXPECT_TRUE(store_has(cache, a)) << "the same rank's second dump of a did not write it";
   EXPECT_TRUE(store_has(cache, b)) << "a peer's dump of b did not write it";
   EXPECT_EQ(node_stats(cache).dumps, 2u) << "one write per key went through";
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
 
   // A new cache: the keys are in the store and come back as dumped.
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   std::vector<ucm_key_t> keys{a, b};
   std::vector<uint8_t> where(keys.size(), 0xff);
   ASSERT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_OK) << ucm_last_error(cache);
@@ -242,8 +239,7 @@ TEST_F(Dump, AFailedWriteThroughIsWrittenAgainByTheNextDumpOnTheSameRankOrAPeer)
   ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
   EXPECT_TRUE(is_dumped(a, l.dst[0]));
   EXPECT_TRUE(is_dumped(b, l.dst[1]));
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Dump, EveryRankThatDumpsAKeyWhoseWriteFailsGetsTheBackendError) {
@@ -251,8 +247,8 @@ TEST_F(Dump, EveryRankThatDumpsAKeyWhoseWriteFailsGetsTheBackendError) {
   // wrote it, waited for a peer's write or came after it, it is told.
   const ucm_key_t k = ukey(35000, 1);
   ucm_config_t cfg = task_config(128, "sim:latency_us=2000,fail_keys=35000.1");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   for (int round = 0; round < 2; ++round) {
     DumpBatch d;
     d.add(k);
@@ -300,21 +296,20 @@ void corrupt_shard(const std::string& dir, const ucm_key_t& k) {
 TEST_F(Dump, ACorruptShardIsUcmErrCorruptOnEveryRankAndLoadedOnce) {
   StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
+  ucm_cache_t& cache = cache_;
   const ucm_key_t k = ukey(36000, 3);
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   {
     DumpBatch d;
     d.add(k);
     ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   if (world_rank() == 0) corrupt_shard(store.path(), k);
   MPI_Barrier(MPI_COMM_WORLD);
 
   // A new cache: every rank loads k; one rank reads the store, once.
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   {
     LoadBatch l;
     l.add(k);
@@ -357,23 +352,21 @@ TEST_F(Dump, ACorruptShardIsUcmErrCorruptOnEveryRankAndLoadedOnce) {
     ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
     EXPECT_TRUE(is_dumped(k, l.dst[0]));
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   {
     LoadBatch l;
     l.add(k);
     ASSERT_EQ(load_and_wait(cache, l), UCM_OK) << ucm_last_error(cache);
     EXPECT_TRUE(is_dumped(k, l.dst[0])) << "the store holds the repaired shard";
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Dump, TouchForwardsExactlyTheGivenBlocksToTheStoreInOrder) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=100");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   SimBackend* sim = sim_of(cache);
   ASSERT_NE(sim, nullptr);
   // Some resident blocks first, so Touch has slots to mark too.
@@ -400,26 +393,24 @@ TEST_F(Dump, TouchForwardsExactlyTheGivenBlocksToTheStoreInOrder) {
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_TRUE(got[i] == want[i]) << "block " << i << ": lo " << got[i].lo << ", want " << want[i].lo;
   EXPECT_EQ(sim->counters().touches, want.size());
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Dump, LookupSaysCacheBackendOrNoneOnEveryRankTheSchedulerToo) {
   StoreDir store("dump-test");
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   constexpr size_t kKeys = 4;
   DumpBatch d;
   for (uint64_t i = 0; i < kKeys; ++i) d.add(ukey(33000 + i, 2));
   ASSERT_EQ(dump_and_wait(cache, d), UCM_OK) << ucm_last_error(cache);
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
 
   // A new cache over the same store; the last rank is a scheduler.
   const bool scheduler = world_rank() == world_size() - 1;
   if (scheduler) cfg.device_id = UCM_DEVICE_NONE;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   std::vector<ucm_key_t> keys;
   for (const ucm_dump_entry_t& e : d.entries) keys.push_back(e.key);
   keys.push_back(ukey(33000, 3));  // a dumped block, a shard never dumped
@@ -458,8 +449,7 @@ TEST_F(Dump, LookupSaysCacheBackendOrNoneOnEveryRankTheSchedulerToo) {
   EXPECT_EQ(ucm_lookup(cache, nullptr, 2, where.data()), UCM_ERR_NULL_POINTER);
   EXPECT_EQ(ucm_lookup(cache, keys.data(), 2, nullptr), UCM_ERR_NULL_POINTER);
   EXPECT_EQ(ucm_lookup(cache, keys.data(), 0, nullptr), UCM_OK) << "n = 0 is a no-op";
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 }  // namespace

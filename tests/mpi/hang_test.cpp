@@ -2,8 +2,10 @@
 // a hung load fails its task at the task's deadline and frees the rank's I/O
 // depth; tasks that do not contain the hung key finish on their own; a load
 // that completes after its deadline writes no wrong byte anywhere and leaks
-// nothing. Every wait is checked against its bound, with slack for a loaded
-// machine.
+// nothing. Each test asserts the protocol: the result and message a failed
+// task promises, and that nothing fails before its deadline; a call that does
+// not return at all is caught by a hang guard (common/hang_guard.h), never by
+// a bound on how fast it was.
 #include <fcntl.h>
 #include <ftw.h>
 #include <linux/userfaultfd.h>
@@ -12,18 +14,17 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <cstdint>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "../common/ctrl_check.h"
 #include "api/cache.h"
+#include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/store_dir.h"
 #include "mpi/task_util.h"
@@ -31,10 +32,7 @@
 namespace ucm::test {
 namespace {
 
-using Hang = MpiTest;
-
-constexpr uint64_t kSlackMs = 5000;  // a loaded 2-core machine, 4 ranks
-
+using Hang = CacheTest;
 
 // Each entry's destination holds either its key's bytes or nothing at all.
 void expect_no_wrong_byte(const LoadBatch& b, const char* what) {
@@ -67,8 +65,8 @@ TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=900.0");
   cfg.io_depth = 1;
   cfg.timeout_ms = 3000;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   // A: rank 0 owns positions 0 (the hung key) and n (then stuck behind it).
   LoadBatch a;
   for (int i = 0; i <= n; ++i) a.add(ukey(900, static_cast<uint32_t>(i)));
@@ -80,30 +78,25 @@ TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
   ucm_task_t ta = 0, tc = 0;
   ASSERT_EQ(ucm_load_task(cache, a.entries.data(), a.entries.size(), &ta), UCM_OK) << msg(cache);
   ASSERT_EQ(ucm_load_task(cache, cb.entries.data(), cb.entries.size(), &tc), UCM_OK) << msg(cache);
-  // A wait with no bound returns once the task's deadline fails it.
-  std::atomic<int> a_result{-1};
-  std::atomic<uint64_t> a_ms{0};
-  std::thread waiter([&] {
-    a_result.store(ucm_task_wait(cache, ta, -1));
-    a_ms.store(ms_since(t0));
-  });
-  const uint64_t bound = cfg.timeout_ms + kSlackMs;
-  while (a_result.load() < 0 && ms_since(t0) < bound) usleep(2000);
-  const bool a_returned = a_result.load() >= 0;
-  EXPECT_TRUE(a_returned) << "ucm_task_wait(-1) on the task with the hung key still blocked after " << bound << " ms";
-  EXPECT_EQ(a_result.load(), UCM_ERR_TIMEOUT);
-  if (a_returned) {
-    EXPECT_LE(a_ms.load(), bound);
+  // A wait with no bound returns once the task's deadline fails it, and not
+  // before: the task's deadline is timeout_ms after its submission.
+  const ucm_result_t ra = wait_guarded(cache, ta, "the task with the hung key");
+  const uint64_t a_ms = ms_since(t0);
+  const std::string a_msg = msg(cache);
+  EXPECT_EQ(ra, UCM_ERR_TIMEOUT) << a_msg;
+  EXPECT_TRUE(at_task_deadline(a_msg)) << a_msg;
+  EXPECT_GE(a_ms, cfg.timeout_ms) << "the task failed before its deadline: " << a_msg;
+  // C ends by its own deadline: completed, or failed at that deadline.
+  const ucm_result_t rc = wait_guarded(cache, tc, "an unrelated task (C)");
+  const std::string c_msg = msg(cache);
+  EXPECT_TRUE(rc == UCM_OK || rc == UCM_ERR_TIMEOUT) << rc << ": " << c_msg;
+  if (rc == UCM_ERR_TIMEOUT) {
+    EXPECT_TRUE(at_task_deadline(c_msg)) << c_msg;
   }
-  // C completes or fails within its own deadline.
-  const uint64_t c0 = now_ns();
-  const ucm_result_t rc = ucm_task_wait(cache, tc, static_cast<int64_t>(bound));
-  EXPECT_TRUE(rc == UCM_OK || rc == UCM_ERR_TIMEOUT) << rc << ": " << msg(cache);
-  EXPECT_LE(ms_since(c0), bound);
   // A later, unrelated task on every rank completes.
   LoadBatch b;
   for (int i = 0; i < n; ++i) b.add(ukey(920, static_cast<uint32_t>(i)));
-  EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(bound)), UCM_OK) << msg(cache);
+  EXPECT_EQ(load_guarded(cache, b, "a later, unrelated task"), UCM_OK) << msg(cache);
   for (size_t i = 0; i < b.entries.size(); ++i) EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
   expect_no_wrong_byte(a, "A");
   expect_no_wrong_byte(cb, "C");
@@ -112,19 +105,15 @@ TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   expect_cache_sound(cache, false);
-  MPI_Barrier(MPI_COMM_WORLD);
-  const uint64_t f0 = now_ns();
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
-  EXPECT_LE(ms_since(f0), bound);
-  waiter.join();  // if it was still blocked, ucm_cache_finalize woke it
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // The default io_depth: only the task with the hung key waits for it.
 TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=940.0");
   cfg.timeout_ms = 8000;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   LoadBatch one;
   one.add(ukey(940, 0));
   LoadBatch two;
@@ -134,18 +123,20 @@ TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
   ucm_task_t t1 = 0, t2 = 0;
   ASSERT_EQ(ucm_load_task(cache, one.entries.data(), one.entries.size(), &t1), UCM_OK) << msg(cache);
   ASSERT_EQ(ucm_load_task(cache, two.entries.data(), two.entries.size(), &t2), UCM_OK) << msg(cache);
-  // Done long before task 1's deadline: half of it, on a loaded machine.
-  EXPECT_EQ(ucm_task_wait(cache, t2, cfg.timeout_ms / 2), UCM_OK) << msg(cache);
+  // Task 2 completes while task 1 still waits for its hung key: the order
+  // says it was not held behind that key (task 1 ends only at its deadline,
+  // 8 s: ~500 times the 16 loads' work, a grace no scheduling delay reaches).
+  EXPECT_EQ(wait_guarded(cache, t2, "the 16-shard task beside a hung key"), UCM_OK) << msg(cache);
   const uint64_t two_ms = ms_since(t0);
-  EXPECT_LT(two_ms, cfg.timeout_ms / 2);
+  int one_done = -1;
+  EXPECT_EQ(ucm_task_test(cache, t1, &one_done), UCM_OK) << msg(cache);
+  EXPECT_EQ(one_done, 0) << "the task with the hung key ended before the task beside it (" << two_ms << " ms)";
   for (size_t i = 0; i < two.entries.size(); ++i) EXPECT_EQ(two.verify(i), kTaskShard) << "entry " << i;
-  EXPECT_EQ(ucm_task_wait(cache, t1, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
-      << msg(cache);
+  EXPECT_EQ(wait_guarded(cache, t1, "the task with the hung key"), UCM_ERR_TIMEOUT) << msg(cache);
   expect_no_wrong_byte(one, "task 1");
   std::printf("rank %d: the 16-shard task finished in %llu ms beside a hung key (deadline %u ms)\n", world_rank(),
               static_cast<unsigned long long>(two_ms), cfg.timeout_ms);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // A load past its deadline completes later, after the key was loaded again
@@ -153,16 +144,16 @@ TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
 TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=950.0,hang_ms=3500");
   cfg.timeout_ms = 1500;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   SimBackend* sim = sim_of(cache);
   ASSERT_NE(sim, nullptr);
   LoadBatch a;
   a.add(ukey(950, 0));
   MPI_Barrier(MPI_COMM_WORLD);
   const uint64_t t0 = now_ns();
-  EXPECT_EQ(load_and_wait(cache, a, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT) << msg(cache);
-  EXPECT_LE(ms_since(t0), cfg.timeout_ms + kSlackMs);
+  EXPECT_EQ(load_guarded(cache, a, "the hung key"), UCM_ERR_TIMEOUT) << msg(cache);
+  EXPECT_GE(ms_since(t0), cfg.timeout_ms) << "failed before the task's deadline: " << msg(cache);
   expect_no_wrong_byte(a, "A");
   // The store answers now; the first load is still in flight in it.
   sim->clear_faults();
@@ -170,12 +161,11 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
   LoadBatch again;
   again.add(ukey(950, 0));
   again.add(ukey(951, 0));
-  EXPECT_EQ(load_and_wait(cache, again, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_OK) << msg(cache);
+  EXPECT_EQ(load_guarded(cache, again, "the key again, beside another"), UCM_OK) << msg(cache);
   for (size_t i = 0; i < again.entries.size(); ++i) EXPECT_EQ(again.verify(i), kTaskShard) << "entry " << i;
-  // Every load that expired here completes late, once (bounded by hang_ms).
+  // Every load that expired here completes late, once (after hang_ms).
   LoadQueue* q = impl_of(cache)->queue();
-  const uint64_t w0 = now_ns();
-  while (q->late_completions() < q->expired_ios() && ms_since(w0) < 3500 + kSlackMs) usleep(2000);
+  eventually("the late completion of every expired load", [&] { return q->late_completions() >= q->expired_ios(); });
   EXPECT_EQ(q->late_completions(), q->expired_ios());
   uint64_t late = q->late_completions();
   MPI_Allreduce(MPI_IN_PLACE, &late, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -188,8 +178,7 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
   last.add(ukey(950, 0));
   EXPECT_EQ(load_and_wait(cache, last), UCM_OK) << msg(cache);
   EXPECT_EQ(last.verify(0), kTaskShard);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // A write-through that the store does not complete by the task's deadline
@@ -198,8 +187,8 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
 TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=970.0,hang_dumps=1,hang_ms=4000");
   cfg.timeout_ms = 1500;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   SimBackend* sim = sim_of(cache);
   ASSERT_NE(sim, nullptr);
   const ucm_key_t key = ukey(970, 0);
@@ -210,11 +199,16 @@ TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
   const uint64_t t0 = now_ns();
   ucm_task_t t = 0;
   ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
-  const ucm_result_t r = ucm_task_wait(cache, t, static_cast<int64_t>(cfg.timeout_ms + kSlackMs));
+  const ucm_result_t r = wait_guarded(cache, t, "a dump whose write-through hangs");
   const uint64_t ms = ms_since(t0);
-  // The writer's entry times out; a peer that waited for that write hears it failed.
-  EXPECT_TRUE(r == UCM_ERR_TIMEOUT || r == UCM_ERR_BACKEND) << r << ": " << msg(cache);
-  EXPECT_LE(ms, cfg.timeout_ms + kSlackMs);
+  const std::string m = msg(cache);
+  // The writer's entry times out at the task's deadline, not before; a peer
+  // that waited for that write hears it failed.
+  EXPECT_TRUE(r == UCM_ERR_TIMEOUT || r == UCM_ERR_BACKEND) << r << ": " << m;
+  if (r == UCM_ERR_TIMEOUT) {
+    EXPECT_TRUE(at_task_deadline(m)) << m;
+    EXPECT_GE(ms, cfg.timeout_ms) << "failed before the task's deadline: " << m;
+  }
   int timed_out = r == UCM_ERR_TIMEOUT ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &timed_out, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_GE(timed_out, 1) << "the writer's own entry";
@@ -223,13 +217,11 @@ TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
   ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
   EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
   LoadQueue* q = impl_of(cache)->queue();
-  const uint64_t w0 = now_ns();
-  while (q->late_completions() < q->expired_ios() && ms_since(w0) < 4000 + kSlackMs) usleep(2000);
+  eventually("the late completion of the expired write", [&] { return q->late_completions() >= q->expired_ios(); });
   EXPECT_EQ(q->late_completions(), q->expired_ios());
   MPI_Barrier(MPI_COMM_WORLD);
   expect_cache_sound(cache, true);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // Holds every touch of this process's data plane in the kernel: a
@@ -275,7 +267,7 @@ struct KernelHang {
 };
 
 // A store whose read never returns from the kernel: finalize still returns
-// within timeout_ms (+ slack), says how many I/O threads it left behind, and
+// (after giving the I/O threads timeout_ms), says how many it left behind, and
 // the process goes on (and exits) cleanly; the late write, once the kernel
 // lets it go, faults instead of landing in the cache.
 TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
@@ -298,57 +290,51 @@ TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
   const ucm_key_t key = ukey(960 + static_cast<uint64_t>(world_rank()), 0);
   {  // The store holds the shard.
     ucm_config_t cfg = task_config(64, spec.c_str());
-    ucm_cache_t cache = nullptr;
-    ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+    ASSERT_NO_FATAL_FAILURE(init(cfg));
+    ucm_cache_t& cache = cache_;
     std::vector<uint8_t> src(kTaskShard);
     sim_fill(ikey(key), src.data(), src.size());
     ucm_dump_entry_t e{key, src.data()};
     ucm_task_t t = 0;
     ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
     EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
-    MPI_Barrier(MPI_COMM_WORLD);
-    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+    ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   }
   ucm_config_t cfg = task_config(64, spec.c_str());
   cfg.timeout_ms = 2000;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   Backend* store = impl_of(cache)->backend();
   KernelHang hang(cache);
   int armed = hang.armed() ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &armed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!armed) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
+    EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
     GTEST_SKIP() << "no userfaultfd to hold a read in the kernel: " << hang.why_not;
   }
   const uint64_t before = Cache::io_threads_left_behind();
   LoadBatch b;
   b.add(key);
   // The task fails at its deadline; the store's read stays in the kernel.
-  EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
-      << msg(cache);
+  EXPECT_EQ(load_guarded(cache, b, "a read held in the kernel"), UCM_ERR_TIMEOUT) << msg(cache);
   EXPECT_TRUE(b.untouched(0));
   const bool held = store->counters().inflight_loads == 1;
   EXPECT_TRUE(held) << "the store's read returned: nothing held it in the kernel";
-  MPI_Barrier(MPI_COMM_WORLD);
   const uint64_t f0 = now_ns();
-  const ucm_result_t fin = ucm_cache_finalize(&cache);
+  const ucm_result_t fin = finalize();  // after a barrier: f0 is before it, so fin_ms is no less
   const uint64_t fin_ms = ms_since(f0);
   const std::string fin_msg = msg(nullptr);
   EXPECT_EQ(cache, nullptr);
-  EXPECT_LE(fin_ms, cfg.timeout_ms + kSlackMs);
+  EXPECT_GE(fin_ms, cfg.timeout_ms) << "gave up on the I/O thread before its timeout_ms: " << fin_msg;
   EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
   EXPECT_NE(fin_msg.find("1 of the store's I/O thread(s) were still in the kernel"), std::string::npos) << fin_msg;
   EXPECT_EQ(Cache::io_threads_left_behind(), before + 1);
   if (!held || Cache::io_threads_left_behind() != before + 1) return;  // the store object is gone
   // The kernel lets the read go: it faults on the fenced-off slot (EFAULT),
   // and the detached thread ends without touching anything (the store object
-  // it returns into is kept). Bounded: a hang, not slowness.
+  // it returns into is kept).
   hang.release();
-  const uint64_t w0 = now_ns();
-  while (store->counters().inflight_loads != 0 && ms_since(w0) < 30000) usleep(2000);
-  EXPECT_EQ(store->counters().inflight_loads, 0u) << "the detached read never came back";
+  EXPECT_TRUE(eventually("the detached read's return", [&] { return store->counters().inflight_loads == 0; }));
   EXPECT_EQ(store->counters().load_failures, 1u) << "the late read did not fail (did it land somewhere?)";
   std::printf("rank %d: finalize returned in %llu ms with a read stuck in the kernel (timeout_ms %u)\n", world_rank(),
               static_cast<unsigned long long>(fin_ms), cfg.timeout_ms);
@@ -404,12 +390,15 @@ TEST_F(Hang, FinalizeWithAnAbsentPeerAndAStuckStoreSaysBothWithinOneTimeout) {
   if (world_rank() == 0) {
     LoadBatch b;
     b.add(key);
-    EXPECT_EQ(load_and_wait(cache, b, static_cast<int64_t>(cfg.timeout_ms + kSlackMs)), UCM_ERR_TIMEOUT)
-        << msg(cache);
+    EXPECT_EQ(load_guarded(cache, b, "a read held in the kernel"), UCM_ERR_TIMEOUT) << msg(cache);
     EXPECT_EQ(store->counters().inflight_loads, 1u) << "the store's read returned: nothing held it in the kernel";
     // The peers finalize only once rank 0's finalize has returned: rank 0
     // waits for them in vain until its deadline.
-    const ucm_result_t fin = ucm_cache_finalize(&cache);
+    ucm_result_t fin = UCM_OK;
+    {
+      HangGuard g("ucm_cache_finalize with an absent peer and a read stuck in the kernel");
+      fin = ucm_cache_finalize(&cache);
+    }
     const std::string fin_msg = msg(nullptr);
     MPI_Barrier(MPI_COMM_WORLD);
     EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
@@ -418,11 +407,9 @@ TEST_F(Hang, FinalizeWithAnAbsentPeerAndAStuckStoreSaysBothWithinOneTimeout) {
         << "the stuck I/O thread is not reported: " << fin_msg;
     EXPECT_EQ(Cache::io_threads_left_behind(), before + 1);
     // Let the read go: it faults on the fenced-off slot, and the detached
-    // thread ends without touching anything. Bounded: a hang, not slowness.
+    // thread ends without touching anything.
     hang->release();
-    const uint64_t w0 = now_ns();
-    while (store->counters().inflight_loads != 0 && ms_since(w0) < 30000) usleep(2000);
-    EXPECT_EQ(store->counters().inflight_loads, 0u) << "the detached read never came back";
+    EXPECT_TRUE(eventually("the detached read's return", [&] { return store->counters().inflight_loads == 0; }));
   } else {
     MPI_Barrier(MPI_COMM_WORLD);  // rank 0's finalize has returned
     // Rank 0 departed before us: the remaining ranks meet each other.

@@ -3,8 +3,22 @@
 # tears it down), no rank may stay behind, and nothing may be left in any file
 # system (the planes are memfds, the boot socket is abstract).
 # usage: kill_leftovers.sh MPIRUN PROGRAM
+#
+# As root it runs in its own mount namespace, over fresh /tmp and /dev/shm
+# (tests/common/private_tmp.sh): what it lists there is this job's alone, not
+# a file another test on the same machine made meanwhile (a ucm-hang-test-*
+# directory of a concurrent run once failed it). Elsewhere it compares the
+# machine's directories before and after, as before.
 set -u
 mpirun=$1 prog=$2
+if [ "${UCM_KILL_LEFTOVERS_NS:-}" != 1 ] && [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
+  UCM_KILL_LEFTOVERS_NS=1 exec unshare --mount bash "${BASH_SOURCE[0]}" "$@"
+fi
+if [ "${UCM_KILL_LEFTOVERS_NS:-}" = 1 ]; then
+  . "$(dirname "${BASH_SOURCE[0]}")/../common/private_tmp.sh"
+  IFS=: read -ra search <<< "${LD_LIBRARY_PATH:-}"
+  private_tmp "$mpirun" "$prog" "$PWD" "${search[@]}" || exit 1
+fi
 dirs=(/dev/shm /tmp /dev/hugepages /run /var/tmp)
 snapshot() { for d in "${dirs[@]}"; do [ -d "$d" ] && find "$d" -maxdepth 1 -name '*ucm*' 2>/dev/null; done | sort; }
 before=$(snapshot)

@@ -8,6 +8,7 @@
 
 #include "backend/sim_content.h"
 #include "common/key.h"
+#include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/task_util.h"
 #include "ucmcache/ucm.h"
@@ -17,12 +18,12 @@ namespace {
 
 constexpr uint64_t kShard = kTaskShard;
 
-using Load = MpiTest;
+using Load = CacheTest;
 
 TEST_F(Load, OneTaskOnEveryRankLoadsEachShardOncePerNode) {
   ucm_config_t cfg = task_config(256, "sim:latency_us=2000,max_inflight=64");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   constexpr int kN = 12;
   std::vector<std::vector<uint8_t>> dst(kN, std::vector<uint8_t>(kShard));
   std::vector<ucm_load_entry_t> es(kN);
@@ -38,14 +39,13 @@ TEST_F(Load, OneTaskOnEveryRankLoadsEachShardOncePerNode) {
   EXPECT_EQ(s.owner_loads, static_cast<uint64_t>(kN)) << "one backend load per shard per node";
   EXPECT_EQ(s.bytes_to_device, static_cast<uint64_t>(kN) * kShard * world_size());
   EXPECT_EQ(ucm_task_wait(cache, t, 0), UCM_ERR_UNKNOWN_TASK) << "a task is waited for once";
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Load, RandomTasksOverAKeySpaceLargerThanTheCacheAreByteExact) {
   ucm_config_t cfg = task_config(48, "sim:latency_us=200,max_inflight=32");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   std::mt19937_64 rng(1234);  // the same sequence on every rank: node-collective tasks
   constexpr int kTasks = 40;
   for (int t = 0; t < kTasks; ++t) {
@@ -70,8 +70,7 @@ TEST_F(Load, RandomTasksOverAKeySpaceLargerThanTheCacheAreByteExact) {
   const ucm_stats_t s = node_stats(cache);
   EXPECT_EQ(s.failed_shards, 0u);
   EXPECT_GT(s.evictions, 0u) << "the key space is larger than the cache";
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 }  // namespace

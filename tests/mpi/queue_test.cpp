@@ -16,13 +16,14 @@
 
 #include <gtest/gtest.h>
 
+#include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/task_util.h"
 
 namespace ucm::test {
 namespace {
 
-using Queue = MpiTest;
+using Queue = CacheTest;
 
 // ---- scenario A through the queues ------------------------------------------------
 
@@ -299,8 +300,8 @@ void random_tasks(ucm_cache_t cache, int rounds, uint64_t blocks, int max_entrie
 TEST_F(Queue, RandomTasksFromTwoThreadsPerRankLoadEachKeyOncePerNode) {
   // A cache that holds every key: each unique key is loaded exactly once.
   ucm_config_t cfg = task_config(1024, "sim:latency_us=300,max_inflight=32");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   RandomRun run;
   random_tasks(cache, 4, 48, 16, &run);  // 48 blocks x 8 shards = 384 keys < 1024 slots
   EXPECT_EQ(run.failed.load(), 0u) << run.first_error;
@@ -316,16 +317,15 @@ TEST_F(Queue, RandomTasksFromTwoThreadsPerRankLoadEachKeyOncePerNode) {
                 static_cast<unsigned long long>(run.entries_per_rank), run.unique.size(),
                 static_cast<unsigned long long>(s.owner_loads), static_cast<unsigned long long>(s.hits),
                 static_cast<unsigned long long>(s.waits));
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Queue, RandomTasksOverASmallCacheAreByteExactAndShareLoads) {
   // A key space larger than the cache: evictions, reloads; still every byte
   // right, and the node loads no more than one rank asked for (not once per rank).
   ucm_config_t cfg = task_config(96, "sim:latency_us=300,max_inflight=32");
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   RandomRun run;
   // 24 blocks x 8 shards = 192 keys over 96 slots; a round (2 threads x 3
   // tasks x 4..8 entries) asks for at most 48 keys, so the ranks, kept within
@@ -343,8 +343,7 @@ TEST_F(Queue, RandomTasksOverASmallCacheAreByteExactAndShareLoads) {
     std::printf("[Random small] %llu entries per rank, node owner loads %llu, evictions %llu, no_space %llu\n",
                 static_cast<unsigned long long>(run.entries_per_rank), static_cast<unsigned long long>(s.owner_loads),
                 static_cast<unsigned long long>(s.evictions), static_cast<unsigned long long>(s.no_space));
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // ---- bad input --------------------------------------------------------------------
@@ -367,8 +366,8 @@ void expect_usable(ucm_cache_t cache, uint64_t block) {
 TEST_F(Queue, AWarmTaskIsCopiedByTheCallingThreadAndDoneWhenItReturns) {
   ucm_config_t cfg = task_config(256, "sim:latency_us=100");
   cfg.prealloc = 0;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   // Each rank its own keys: a peer's load would make this rank's cold task a
   // hit too (the inline path then takes it, rightly).
   const uint64_t base = 9500 + 5 * static_cast<uint64_t>(world_rank());
@@ -402,8 +401,7 @@ TEST_F(Queue, AWarmTaskIsCopiedByTheCallingThreadAndDoneWhenItReturns) {
   EXPECT_EQ(last.inline_tasks, 2u);
   EXPECT_EQ(last.hits, after.hits + 7) << "the hits are counted once, by the queue";
   EXPECT_EQ(last.owner_loads, after.owner_loads + 1);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // Duplicate keys are found without a map (api/task_api.cpp): also past the
@@ -412,8 +410,8 @@ TEST_F(Queue, AWarmTaskIsCopiedByTheCallingThreadAndDoneWhenItReturns) {
 TEST_F(Queue, ARepeatedKeyNamesTheFirstRepeatAndTheEntryItRepeats) {
   ucm_config_t cfg = task_config(256, "sim:latency_us=100");
   cfg.max_task_entries = 200;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   ucm_task_t t = 777;
   auto batch = [](uint64_t n) {
     LoadBatch b;
@@ -455,8 +453,7 @@ TEST_F(Queue, ARepeatedKeyNamesTheFirstRepeatAndTheEntryItRepeats) {
     EXPECT_EQ(load_and_wait(cache, b), UCM_OK) << ucm_last_error(cache);
   }
   EXPECT_EQ(rank_stats(cache).tasks, 1u) << "only the good task was submitted";
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Queue, BadInputIsItsOwnResultWithAMessageAndChangesNothing) {
@@ -465,8 +462,8 @@ TEST_F(Queue, BadInputIsItsOwnResultWithAMessageAndChangesNothing) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=100");
   cfg.max_task_entries = 32;
   if (scheduler) cfg.device_id = UCM_DEVICE_NONE;
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   LoadBatch good;
   for (uint64_t i = 0; i < 4; ++i) good.add(ukey(9000 + i, 0));
   ucm_task_t t = 12345;
@@ -575,10 +572,9 @@ TEST_F(Queue, BadInputIsItsOwnResultWithAMessageAndChangesNothing) {
 
   // A fresh cache works after all that.
   ucm_config_t cfg2 = task_config(64, "sim:latency_us=100");
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg2, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg2));
   expect_usable(cache, 9500);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 }  // namespace

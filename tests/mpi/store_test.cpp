@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/store_dir.h"
 #include "mpi/task_util.h"
@@ -19,7 +20,7 @@
 namespace ucm::test {
 namespace {
 
-using Store = MpiTest;
+using Store = CacheTest;
 
 
 ucm_result_t dump_sim_content(ucm_cache_t cache, const std::vector<ucm_key_t>& keys) {
@@ -41,19 +42,18 @@ ucm_result_t dump_sim_content(ucm_cache_t cache, const std::vector<ucm_key_t>& k
 TEST_F(Store, ABlockFileUnderAnotherBlocksNameIsNeverServed) {
   StoreDir store;
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   constexpr uint64_t kA = 41000, kB = 41001;
   std::vector<ucm_key_t> a_keys;
   for (uint32_t s = 0; s < 8; ++s) a_keys.push_back(ukey(kA, s));
   ASSERT_EQ(dump_sim_content(cache, a_keys), UCM_OK) << ucm_last_error(cache);
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   if (world_rank() == 0) std::filesystem::copy_file(store.file_of(kA), store.file_of(kB));
   MPI_Barrier(MPI_COMM_WORLD);
 
   // A new, empty cache over the store: B's shards must come from the files.
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   LoadBatch l;
   for (uint32_t s = 0; s < 8; ++s) l.add(ukey(kB, s));
   const ucm_result_t r = load_and_wait(cache, l);
@@ -77,8 +77,7 @@ TEST_F(Store, ABlockFileUnderAnotherBlocksNameIsNeverServed) {
   for (const ucm_key_t& k : a_keys) a.add(k);
   ASSERT_EQ(load_and_wait(cache, a), UCM_OK) << ucm_last_error(cache);
   for (size_t i = 0; i < a.entries.size(); ++i) EXPECT_EQ(a.verify(i), kTaskShard) << "entry " << i;
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // A directory under one block's name: that key is UCM_WHERE_ERROR, every other
@@ -86,17 +85,16 @@ TEST_F(Store, ABlockFileUnderAnotherBlocksNameIsNeverServed) {
 TEST_F(Store, LookupAnswersPerKeyWhenTheStoreCannotAnswerForOne) {
   StoreDir store;
   ucm_config_t cfg = task_config(128, store.spec().c_str());
-  ucm_cache_t cache = nullptr;
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
   ASSERT_EQ(dump_sim_content(cache, {ukey(42000, 1), ukey(42002, 1)}), UCM_OK) << ucm_last_error(cache);
-  MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   if (world_rank() == 0) {
     EXPECT_EQ(mkdir(store.file_of(42001).c_str(), 0700), 0);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 
-  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
   const std::vector<ucm_key_t> keys{ukey(42000, 1), ukey(42001, 1), ukey(42003, 1), ukey(42002, 1), ukey(42001, 2)};
   std::vector<uint8_t> where(keys.size(), 0xff);
   EXPECT_EQ(ucm_lookup(cache, keys.data(), keys.size(), where.data()), UCM_ERR_BACKEND);
@@ -114,8 +112,7 @@ TEST_F(Store, LookupAnswersPerKeyWhenTheStoreCannotAnswerForOne) {
   EXPECT_EQ(ucm_lookup(cache, good.data(), good.size(), where.data()), UCM_OK) << ucm_last_error(cache);
   EXPECT_EQ(where[0], UCM_WHERE_BACKEND);
   EXPECT_EQ(where[1], UCM_WHERE_NONE);
-  MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 }  // namespace

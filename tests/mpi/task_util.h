@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "api/handles.h"
+#include "common/hang_guard.h"
 #include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "common/key.h"
@@ -129,6 +130,26 @@ inline ucm_result_t load_and_wait(ucm_cache_t cache, LoadBatch& b, int64_t timeo
   const ucm_result_t r = ucm_load_task(cache, b.entries.data(), b.entries.size(), &t);
   if (r != UCM_OK) return r;
   return ucm_task_wait(cache, t, timeout_ms);
+}
+
+// Waits with no bound of its own, under a hang guard: the result is the
+// task's (every task ends by its deadline), never a wait's timeout that a
+// slow scheduler could reach; a wait that never returns is a hang.
+inline ucm_result_t wait_guarded(ucm_cache_t cache, ucm_task_t t, const std::string& what) {
+  HangGuard g("ucm_task_wait(-1) on " + what);
+  return ucm_task_wait(cache, t, -1);
+}
+
+// load_and_wait with no bound of its own, under a hang guard.
+inline ucm_result_t load_guarded(ucm_cache_t cache, LoadBatch& b, const std::string& what) {
+  HangGuard g("a load and ucm_task_wait(-1) on " + what);
+  return load_and_wait(cache, b, -1);
+}
+
+// A task failure at the task's own deadline (ucm_task_wait's own bound says
+// "still running after N ms" instead).
+inline bool at_task_deadline(const std::string& m) {
+  return m.find("deadline") != std::string::npos && m.find("still running after") == std::string::npos;
 }
 
 }  // namespace ucm::test

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/sim_content.h"
-#include "common/one_rank_queue.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm {
 namespace {
@@ -14,14 +14,12 @@ namespace {
 constexpr uint64_t kShard = 4096;
 constexpr uint32_t kEntries = 64;
 
-struct OneRank : test::OneRankQueue {
+struct OneRank : test::QueuePath {
   void open(uint32_t slots, uint32_t io_depth) {
-    ASSERT_NO_FATAL_FAILURE(open_cache(test::params(slots, 0, kShard, 1, 1)));
-    QueueOptions qo;
-    qo.prealloc = false;
-    qo.io_depth = io_depth;
-    new_queue(qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+    test::QueueParts p;
+    p.shard_bytes = kShard;
+    p.queue.io_depth = io_depth;
+    open_alone(slots, std::move(p));
   }
   // One task over blocks [first, first + n); true when every entry holds its bytes.
   bool run(uint64_t first, uint32_t n) {

@@ -10,14 +10,13 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/sim_backend.h"
 #include "backend/sim_content.h"
 #include "common/stress.h"
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "device/host_engine.h"
 #include "queue/counters.h"
-#include "queue/load_queue.h"
+#include "queue/queue_fixture.h"
 
 namespace ucm {
 namespace {
@@ -31,35 +30,13 @@ uint64_t latency_count(const QueueCounters& c) {
   return n;
 }
 
-struct Rank {
-  test::TestCache planes;
-  std::unique_ptr<CacheBuffer> cache;
-  std::unique_ptr<SimBackend> store;
-  std::unique_ptr<CopyEngine> engine;
-  std::unique_ptr<LoadQueue> queue;
-
+struct Rank : test::QueuePath {
   void open(bool inline_hits, std::unique_ptr<CopyEngine> eng = make_host_engine(0)) {
-    test::make_cache(test::params(128, 0, kShard, 1, 1), &planes);
-    ASSERT_EQ(join_rank(planes.ctrl, 0, deadline_after_ms(kWaitMs)), Result::kOk) << last_error();
-    cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, CacheOptions{});
-    SimOptions so;
-    so.latency_us = 0;
-    BackendContext ctx;
-    ctx.shard_bytes = kShard;
-    ctx.shards_per_block = 1;
-    ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-    engine = std::move(eng);
-    QueueOptions qo;
-    qo.prealloc = false;
-    qo.inline_hits = inline_hits;
-    queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
-    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
-  }
-  ~Rank() {
-    if (queue) queue->stop();
-    store.reset();
-    queue.reset();
-    cache.reset();
+    test::QueueParts p;
+    p.shard_bytes = kShard;
+    p.queue.inline_hits = inline_hits;
+    p.engine = std::move(eng);
+    open_alone(128, std::move(p), kWaitMs);
   }
   const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
   // Every hit of this rank: the cache's get() (RankCounters) and the inline path's.
