@@ -7,7 +7,6 @@
 // not return at all is caught by a hang guard (common/hang_guard.h), never by
 // a bound on how fast it was.
 #include <fcntl.h>
-#include <ftw.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -266,38 +265,28 @@ struct KernelHang {
   ~KernelHang() { release(); }
 };
 
+// Writes key's sim content into the store through a dump task.
+void dump_shard(ucm_cache_t cache, const ucm_key_t& key) {
+  std::vector<uint8_t> src(kTaskShard);
+  sim_fill(ikey(key), src.data(), src.size());
+  ucm_dump_entry_t e{key, src.data()};
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
+  EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+}
+
 // A store whose read never returns from the kernel: finalize still returns
 // (after giving the I/O threads timeout_ms), says how many it left behind, and
 // the process goes on (and exits) cleanly; the late write, once the kernel
 // lets it go, faults instead of landing in the cache.
 TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
-  std::string dir;
-  if (world_rank() == 0) {
-    char tmpl[] = "/tmp/ucm-hang-test-XXXXXX";
-    if (mkdtemp(tmpl)) dir = tmpl;
-  }
-  dir = bcast_string(dir);
-  ASSERT_FALSE(dir.empty());
-  struct DirRemover {
-    std::string d;
-    ~DirRemover() {
-      MPI_Barrier(MPI_COMM_WORLD);
-      if (world_rank() == 0)
-        nftw(d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 8, FTW_DEPTH | FTW_PHYS);
-    }
-  } remover{dir};
-  const std::string spec = "posix:" + dir + ",direct=off";
+  StoreDir store_dir("hang-test");
+  const std::string spec = store_dir.spec() + ",direct=off";
   const ucm_key_t key = ukey(960 + static_cast<uint64_t>(world_rank()), 0);
   {  // The store holds the shard.
     ucm_config_t cfg = task_config(64, spec.c_str());
     ASSERT_NO_FATAL_FAILURE(init(cfg));
-    ucm_cache_t& cache = cache_;
-    std::vector<uint8_t> src(kTaskShard);
-    sim_fill(ikey(key), src.data(), src.size());
-    ucm_dump_entry_t e{key, src.data()};
-    ucm_task_t t = 0;
-    ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
-    EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+    ASSERT_NO_FATAL_FAILURE(dump_shard(cache_, key));
     ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   }
   ucm_config_t cfg = task_config(64, spec.c_str());
@@ -357,12 +346,7 @@ TEST_F(Hang, FinalizeWithAnAbsentPeerAndAStuckStoreSaysBothWithinOneTimeout) {
     ucm_cache_t cache = nullptr;
     ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << msg(nullptr);
     if (world_rank() == 0) {
-      std::vector<uint8_t> src(kTaskShard);
-      sim_fill(ikey(key), src.data(), src.size());
-      ucm_dump_entry_t e{key, src.data()};
-      ucm_task_t t = 0;
-      ASSERT_EQ(ucm_dump_task(cache, &e, 1, &t), UCM_OK) << msg(cache);
-      EXPECT_EQ(ucm_task_wait(cache, t, kTaskWaitMs), UCM_OK) << msg(cache);
+      ASSERT_NO_FATAL_FAILURE(dump_shard(cache, key));
     }
     MPI_Barrier(MPI_COMM_WORLD);
     ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << msg(nullptr);
