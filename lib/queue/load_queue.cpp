@@ -515,12 +515,12 @@ void LoadQueue::on_io_done(IoRequest* req) {
   if (io->is_load) q->load_done(*io);
   else q->write_done(*io);  // dump_path.cpp
   q->cache_->release(io->slot);  // the I/O's own pin
-  {
-    std::lock_guard<std::mutex> g(q->io_mu_);
-    --q->io_inflight_;
-  }
-  q->io_cv_.notify_all();
   delete io;
+  // The notify under the lock: once anyone reads the count at zero, this
+  // store thread touches the queue no more (its owner may then destroy it).
+  std::lock_guard<std::mutex> g(q->io_mu_);
+  --q->io_inflight_;
+  q->io_cv_.notify_all();
 }
 
 bool LoadQueue::untrack_io(Io* io) {

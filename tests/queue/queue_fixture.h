@@ -14,6 +14,7 @@
 
 #include "backend/sim_backend.h"
 #include "cache/cache_buffer.h"
+#include "common/hang_guard.h"
 #include "common/test_util.h"
 #include "ctrl/recovery.h"
 #include "device/host_engine.h"
@@ -79,9 +80,15 @@ struct QueuePath {
     engine = p.engine ? std::move(p.engine) : make_host_engine(static_cast<int>(p.rank));
   }
 
-  // A fresh queue, not started, on the same cache (the previous one stopped first).
+  // A fresh queue, not started, on the same cache (the previous one stopped
+  // first). The old queue goes only once the store's completions into it have
+  // returned: a task is done when its copies are, and the store thread that
+  // completed its load may still be on its way out of the queue.
   void new_queue(const QueueOptions& qo) {
-    if (queue) queue->stop();
+    if (queue) {
+      queue->stop();
+      EXPECT_TRUE(eventually("the store's completions into the old queue", [&] { return queue->io_in_flight() == 0; }));
+    }
     queue = std::make_unique<LoadQueue>(cache.get(), store.get(), engine.get(), Placement{}, qo);
   }
 
