@@ -38,7 +38,7 @@ void first_repeat(const std::vector<ucm::TaskEntry>& es, size_t* later, size_t* 
   *later = n;
   for (size_t i = 0; i < n; ++i) {
     const ucm::Key& k = es[i].key;
-    hash[i] = ucm::block_hash(k.block) ^ (uint64_t{k.shard} * 0x9E3779B97F4A7C15ull);
+    hash[i] = ucm::KeyHash{}(k);
     size_t p = hash[i] & mask;
     for (; at[p] != 0; p = (p + 1) & mask) {
       const uint32_t j = at[p] - 1;

@@ -62,12 +62,6 @@ struct SimOptions {
   bool hang_dumps = false; // dumps of hung keys hang too
 };
 
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    return static_cast<size_t>((k.block.lo * 0x9E3779B97F4A7C15ull) ^ k.block.hi ^ (uint64_t{k.shard} << 32));
-  }
-};
-
 class SimBackend final : public Backend {
  public:
   [[nodiscard]] static Result create(const SimOptions& o, const BackendContext& ctx, std::unique_ptr<SimBackend>* out);

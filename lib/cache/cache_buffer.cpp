@@ -178,12 +178,6 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   return Result::kOk;
 }
 
-bool CacheBuffer::pin_if_ready(const Key& k, uint32_t* slot) {
-  if (!data_ || !pin_one_ready(k, bucket_of(k, ctrl_->bucket_mask()), slot)) return false;
-  tally(1);
-  return true;
-}
-
 bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
   const BufferCtrl& c = *ctrl_;
   if (k.shard >= c.shards_per_block()) return false;

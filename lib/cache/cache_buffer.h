@@ -92,18 +92,15 @@ class CacheBuffer {
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
 
   [[nodiscard]] Result get(const Key& k, GetResult* out);
-  // A hit or nothing (the load queue's inline path, queue/load_queue.h): when
-  // k is resident and Ready, pins it, marks it accessed and taken
-  // (ctrl/protect.h) as get()'s hit does, and returns true with its slot (one
-  // reference: release() it). The caller counts the hit (RankCounters.hits)
-  // once it uses it. Anything else (absent, being filled, Failed, Corrupt,
-  // claimed by an evictor, a corrupt chain, a scheduler rank): false, with
-  // nothing held, installed or taken over.
-  bool pin_if_ready(const Key& k, uint32_t* slot);
-  // The inline path's batch (queue/load_queue.cpp, run_inline): key_at(0..n)
-  // pinned as pin_if_ready() pins one, all or none: true with slots[0..n)
-  // filled (n references: release_ready_pins() them), or false with nothing
-  // held. Each key is hashed once, the loads of every key's bucket head and
+  // A hit or nothing, for a batch (the load queue's inline path,
+  // queue/load_queue.cpp run_inline): when every key_at(0..n) is resident
+  // and Ready, pins each, marks it accessed and taken (ctrl/protect.h) as
+  // get()'s hit does, and returns true with slots[0..n) filled (n
+  // references: release_ready_pins() them). The caller counts the hits
+  // (RankCounters.hits) once it uses them. Anything else for any key
+  // (absent, being filled, Failed, Corrupt, claimed by an evictor, a corrupt
+  // chain, a scheduler rank): false, with nothing held, installed or taken
+  // over. Each key is hashed once, the loads of every key's bucket head and
   // slot record are started before the first pin (prefetch_records), and
   // references_held() is counted once per batch.
   template <typename KeyAt>
@@ -260,8 +257,8 @@ class CacheBuffer {
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;
   bool release_one(uint32_t slot);
-  // pin_if_ready() of k, in bucket b, without the reference count (its
-  // callers count); unpin_ready() drops such pins, uncounted.
+  // pin_all_ready()'s pin of k, in bucket b, without the reference count
+  // (its caller counts); unpin_ready() drops such pins, uncounted.
   bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
   void unpin_ready(const uint32_t* slots, size_t n);
   // pin_all_ready()'s prefetch: buckets[0..n)'s heads, then their records.

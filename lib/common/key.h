@@ -40,4 +40,11 @@ inline uint32_t bucket_of(const Key& k, uint32_t bucket_mask) {
   return static_cast<uint32_t>((block_hash(k.block) + k.shard) & bucket_mask);
 }
 
+// The whole key's hash for in-process hash tables (bucket_of is the shared
+// one, an ABI): the shard is mixed into every bit, so the shards of one block
+// spread as well as different blocks do.
+struct KeyHash {
+  uint64_t operator()(const Key& k) const { return block_hash(k.block) ^ (uint64_t{k.shard} * 0x9E3779B97F4A7C15ull); }
+};
+
 }  // namespace ucm
