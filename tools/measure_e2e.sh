@@ -439,9 +439,15 @@ if len(rows) != 2:
 for pages, small, small_ns, large, large_ns, r, growth, rest in rows:
     kind = ("4 KiB pages" if pages.startswith("4 KiB") else "mixed pages" if "differ" in rest
             else "2 MiB hugetlb pages" if "hugetlb" in pages else "THP hint only")
+    # Goal 5 reads "within 1.2x of 4k slots, above memcpy's own growth": the
+    # overhead's growth over the growth memcpy of the same spread shows by
+    # itself in the same run is the ratio with the target; the raw growth of
+    # each is kept beside it.
     goal = "<= 1.2" if kind in ("2 MiB hugetlb pages", "THP hint only") and int(large) >= 524288 else "-"
-    emit("hit overhead above memcpy, %s, %s-byte shards, %s slots / %s slots" % (kind, b, large, small), r, goal)
+    emit("hit overhead above memcpy, %s, %s-byte shards, %s slots / %s slots" % (kind, b, large, small), r)
     emit("memcpy alone, %s-byte shards, %s slots / %s slots, beside %s" % (b, large, small, kind), growth)
+    emit("hit overhead's growth over memcpy's growth, %s, %s-byte shards, %s slots / %s slots" % (kind, b, large, small),
+         float(r) / float(growth) if float(growth) > 0 else None, goal)
     if large == sys.argv[4]:  # the shard-size curve's runs: the overhead itself, at both sizes
         for n, ns in ((small, small_ns), (large, large_ns)):
             emit("hit overhead above memcpy (ns), %s, %s-byte shards, %s slots" % (kind, b, n), ns)
