@@ -340,7 +340,11 @@ for m in ("solo", "protect", "no-protect"):
     emit("loads per unique shard, %s, lag %s tasks" % ("4 ranks " + how if how else "1 rank alone", lag), r[1])
     if how:
         emit("loads 4 ranks / 1 rank, %s, lag %s tasks" % (how, lag), r[2], "<= 1.05" if m == "protect" else "-")
-        emit("owner loads max/min, %s, lag %s tasks" % (how, lag), r[3], "<= 1.5" if m == "protect" else "-")
+        # Owner balance is judged where ranks run free (lag 0, and the demo):
+        # a rank a whole task behind finds every shard loaded and protected
+        # for it, so it rightly owns none (max/min inf) -- goal 1's "once per
+        # node" and a balance cannot both hold for it.
+        emit("owner loads max/min, %s, lag %s tasks" % (how, lag), r[3], "<= 1.5" if m == "protect" and lag == "0" else "-")
 PY
   done
 }
