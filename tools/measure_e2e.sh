@@ -545,6 +545,21 @@ json.dump({"machine": machine.splitlines(), "ratios": summary}, open(out + "/sum
 f = lambda x: "n/a" if x is None else x if isinstance(x, str) else "%.3f" % x
 with open(out + "/summary.md", "w") as o:
     o.write("# issue 15, end to end: tools/measure_e2e.sh\n\n```\n" + machine + "```\n\n")
+    # First the ratios the goals are judged by (those with a target), by goal,
+    # then every ratio the run measured.
+    def goal_of(mode, metric):
+        if mode == "demo":
+            return "1" if metric.startswith(("loads", "owner")) else "2"
+        return {"drift": "1", "taskcost": "3", "miss": "4", "hit4k512k": "5", "fill": "6", "finalize": "6",
+                "defer": "8", "cachebench": "control"}.get(mode, mode)
+    judged = sorted((s for s in summary if s["target"] != "-"), key=lambda s: (goal_of(s["mode"], s["metric"]) == "control",
+                                                                           goal_of(s["mode"], s["metric"])))
+    o.write("## The goals' ratios (each with a target)\n\n")
+    o.write("| goal | ratio | median | range | n | target | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+    for s in judged:
+        o.write("| %s | %s | %s | %s-%s | %d | %s | %s |\n" % (goal_of(s["mode"], s["metric"]), s["metric"], f(s["median"]),
+                                                          f(s["min"]), f(s["max"]), s["n"], s["target"], s["verdict"]))
+    o.write("\n## Every ratio\n\n")
     o.write("| mode | ratio | median | range | n | target | verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n")
     for s in summary:
         o.write("| %s | %s | %s | %s-%s | %d | %s | %s |\n" % (s["mode"], s["metric"], f(s["median"]), f(s["min"]),
