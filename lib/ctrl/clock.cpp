@@ -102,10 +102,13 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
 
 thread_local SweepStats t_sweep_stats;
 
-// A reserved position the sweep skipped: held by a load (its owner's hold)
-// or claimed is work in flight, which ends on its own.
+// A reserved position the sweep skipped: held by a load (its owner's hold),
+// pinned (copies, waiters, an I/O) or claimed is work in flight, which ends on
+// its own. Not a slot without a key: an abandoned load's stays pinned until
+// its store completes it, which may be never.
 void note_in_flight(const BufferCtrl& c, uint32_t i, SweepState* st) {
-  if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i)) ++st->in_flight;
+  if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return;
+  if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i) || slot_pinned(c, i)) ++st->in_flight;
 }
 
 void start_sweep(SweepState* st, uint32_t n, bool second_chance) {
@@ -143,7 +146,7 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
       continue;
     }
     if (!claim_slot(c, holder, i)) {  // claimed or pinned
-      ++st->in_flight;
+      if (st->reserved) note_in_flight(c, i, st);
       continue;
     }
     if (slot_protected(c, i, &protect)) {  // a peer has yet to copy it (protect.h)

@@ -97,6 +97,7 @@ TEST(PreallocInFlight, APassThatFindsThePoolHeldByLoadsWaitsAndTheNextTaskTakesE
   const uint64_t hand0 = w.planes.ctrl.globals().reserved_hand.load();
   QueueOptions on;
   on.prealloc = true;
+  on.prealloc_wait_ns = 20'000'000'000;  // the tasks' deadline bounds it: the test, not a clock, ends the wait
   w.new_queue(on);
   const auto t1 = w.task(0, kBlocks, kSpb - 2), t2 = w.task(0, kBlocks, kSpb - 1);
   ASSERT_EQ(w.queue->submit(t1), Result::kOk) << last_error();
@@ -115,6 +116,37 @@ TEST(PreallocInFlight, APassThatFindsThePoolHeldByLoadsWaitsAndTheNextTaskTakesE
   EXPECT_EQ(c.prealloc_made.load() - made0, uint64_t{kBlocks}) << "(B0..B2, 7) preallocated once the loads ended";
   EXPECT_EQ(c.prealloc_used.load() - used0, uint64_t{kBlocks}) << "task 2 takes them over";
   EXPECT_EQ(c.evictions.load() - ev0, uint64_t{kBlocks}) << "only task 1's misses evict from the regular pool";
+}
+
+TEST(PreallocInFlight, APassWaitsNoLongerThanItsBoundForLoadsThatDoNotEnd) {
+  // The peer's loads never end while the tasks run (a store that hangs): the
+  // pass gives up after prealloc_wait_ns and the pending task's shards miss
+  // into the regular pool, as with no wait at all. The outcome, not the time.
+  InFlight w;
+  ASSERT_NO_FATAL_FAILURE(w.open());
+  QueueOptions off;
+  off.prealloc = false;
+  w.new_queue(off);
+  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
+  const auto fill = w.task(100, kRegular, kSpb - 1);
+  ASSERT_EQ(w.queue->submit(fill), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(w.finish(fill));
+  ASSERT_NO_FATAL_FAILURE(w.peer_holds_the_reserved_pool());
+  const RankCounters& c = w.cache->counters();
+  const uint64_t made0 = c.prealloc_made.load(), ev0 = c.evictions.load();
+  QueueOptions on;
+  on.prealloc = true;
+  on.prealloc_wait_ns = 1'000'000;
+  w.new_queue(on);
+  const auto t1 = w.task(0, kBlocks, kSpb - 2), t2 = w.task(0, kBlocks, kSpb - 1);
+  ASSERT_EQ(w.queue->submit(t1), Result::kOk) << last_error();
+  ASSERT_EQ(w.queue->submit(t2), Result::kOk) << last_error();
+  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(w.finish(t1));
+  ASSERT_NO_FATAL_FAILURE(w.finish(t2));
+  EXPECT_EQ(c.prealloc_made.load() - made0, 0u);
+  EXPECT_EQ(c.evictions.load() - ev0, 2ull * kBlocks) << "both tasks' misses evict from the regular pool";
+  w.peer_loads_end();
 }
 
 TEST(PreallocInFlight, APoolFullOfUnusedHintsStopsThePassAtOnce) {
