@@ -179,7 +179,8 @@ TEST(PreallocInFlight, APoolFullOfUnusedHintsStopsThePassAtOnce) {
   ASSERT_NO_FATAL_FAILURE(w.finish(t1));
   ASSERT_NO_FATAL_FAILURE(w.finish(t2));
   EXPECT_EQ(c.prealloc_made.load() - made0, 0u);
-  for (uint32_t i = 0; i < kReserved; ++i) EXPECT_NE(test::resident_slot(w.planes.ctrl, test::key(600 + i, 0)), kNoSlot) << i;
+  for (uint32_t i = 0; i < kReserved; ++i)
+    EXPECT_NE(test::resident_slot(w.planes.ctrl, test::key(600 + i, 0)), kNoSlot) << "the peer's hint " << i << " stays";
 }
 
 }  // namespace
