@@ -812,10 +812,11 @@ Result CacheBuffer::touch(const BlockId* blocks, size_t n, size_t* marked_out) {
   return Result::kOk;
 }
 
-Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
+Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out, bool* in_flight) {
   if (!data_) return fail(Result::kBadState, "a scheduler rank (no data plane) cannot prealloc()");
   UCM_CHECK(check_key(k));
   UCM_CHECK(check_joined());
+  if (in_flight) *in_flight = false;
   const BufferCtrl& c = *ctrl_;
   const uint32_t b = bucket_of(k, c.bucket_mask());
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
@@ -835,12 +836,12 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   }
   bool evicted = false;
   bool reserved = false;
+  SweepState sweep;
   uint32_t v = take_unused_regular(c, holder_);
   if (v == kNoSlot) {
     reserved = true;
     // One call's budget: prealloc is a hint and never waits, so a reserved
     // pool whose first kSweepPerCall positions are all taken is NoSpace.
-    SweepState sweep;
     if (const Result r = take_reserved_slot(c, holder_, b, &evicted, &v, &sweep); r != Result::kOk) {
       shared_unlock(lock);
       return r;
@@ -848,10 +849,12 @@ Result CacheBuffer::prealloc(const Key& k, PreallocOutcome* out) {
   }
   if (v == kNoSlot) {
     shared_unlock(lock);
+    if (in_flight) *in_flight = sweep.in_flight != 0;
     *out = PreallocOutcome::kNoSpace;
     return Result::kOk;
   }
   install_claimed_slot(c, v, b, k, State::kIdle, kNoOwner, false, false);
+  guard_hint(c, v);  // before the unlock: no evictor can detach it until then (protect.h)
   shared_unlock(lock);
   bump(ctr_->prealloc_made);
   *out = reserved ? PreallocOutcome::kPlacedReserved : PreallocOutcome::kPlacedRegular;

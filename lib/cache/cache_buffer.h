@@ -209,8 +209,11 @@ class CacheBuffer {
 
   // Hangs an Idle, unpinned slot for k on its chain so that the next get(k)
   // takes it over without eviction. Try-locks only; never evicts the regular
-  // pool (a free regular slot, else the reserved pool).
-  [[nodiscard]] Result prealloc(const Key& k, PreallocOutcome* out);
+  // pool (a free regular slot, else the reserved pool), nor a still-unused
+  // prealloc younger than the protection grace (ctrl/protect.h: hints).
+  // kNoSpace with *in_flight (when given) set: part of the reserved pool was
+  // held by loads or copies in flight, which free it without anyone's help.
+  [[nodiscard]] Result prealloc(const Key& k, PreallocOutcome* out, bool* in_flight = nullptr);
 
   // Whether k is resident and Ready (a hint). Works on a scheduler rank.
   // kCorrupt (naming the place) when k's chain holds an index past the end.

@@ -102,6 +102,15 @@ inline uint32_t next_position(HandRun& run, const BufferCtrl& c, std::atomic<uin
 
 thread_local SweepStats t_sweep_stats;
 
+// A reserved position the sweep skipped: held by a load (its owner's hold),
+// pinned (copies, waiters, an I/O) or claimed is work in flight, which ends on
+// its own. Not a slot without a key: an abandoned load's stays pinned until
+// its store completes it, which may be never.
+void note_in_flight(const BufferCtrl& c, uint32_t i, SweepState* st) {
+  if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return;
+  if (c.slot(i).claim.load(std::memory_order_relaxed) != 0 || slot_held(c, i) || slot_pinned(c, i)) ++st->in_flight;
+}
+
 void start_sweep(SweepState* st, uint32_t n, bool second_chance) {
   if (st->started) return;
   st->started = true;
@@ -132,10 +141,21 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
     --*left;
     ++examined;
     const uint32_t i = first + next_position(run, c, hand, n, second_chance);
-    if (sweep_candidate(c, i, phase) == Candidate::kSkip) continue;
-    if (!claim_slot(c, holder, i)) continue;
+    if (sweep_candidate(c, i, phase) == Candidate::kSkip) {
+      if (st->reserved) note_in_flight(c, i, st);
+      continue;
+    }
+    if (!claim_slot(c, holder, i)) {  // claimed or pinned
+      if (st->reserved) note_in_flight(c, i, st);
+      continue;
+    }
     if (slot_protected(c, i, &protect)) {  // a peer has yet to copy it (protect.h)
       unclaim_slot(c, i);
+      continue;
+    }
+    if (st->reserved && hint_kept(c, i, &protect)) {  // a prealloc nobody has used yet (protect.h)
+      unclaim_slot(c, i);
+      ++st->hints_kept;
       continue;
     }
     bool done = false;
@@ -196,6 +216,7 @@ Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_
     *slot = i;
     return Result::kOk;
   }
+  st->reserved = true;
   return clock_sweep(c, c.globals().reserved_hand, t_runs[1], first, n, true, holder, locked_bucket, evicted, slot, st);
 }
 

@@ -61,6 +61,12 @@ struct SweepState {
   uint64_t stored_left = 0;  // positions left that take any stored slot, whatever its bit
   uint64_t any_left = 0;     // positions left that take anything unpinned (bytes the store lacks too)
   uint64_t examined = 0;     // positions examined so far, all calls
+  // The reserved pool (take_reserved_slot sets it): unused preallocs younger
+  // than the grace stay (protect.h, hint_kept), and the sweep counts what it
+  // passed over, so a prealloc that finds no slot can tell why.
+  bool reserved = false;
+  uint64_t in_flight = 0;    // positions held by a load, pinned (copies, waiters) or claimed
+  uint64_t hints_kept = 0;   // positions holding a still-unused prealloc
   // Every phase ran to its end: a kNoSlot answer is final.
   bool done() const { return started && chance_left == 0 && stored_left == 0 && any_left == 0; }
 };
@@ -90,7 +96,9 @@ void reset_sweep_stats();
 [[nodiscard]] Result take_regular_victim(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
                                          uint32_t* slot, SweepState* st);
 // A reserved-pool slot: never used first, then CLOCK over the reserved pool,
-// with the same budget per call.
+// with the same budget per call. It never takes an unused prealloc younger
+// than the grace (protect.h); st->in_flight and st->hints_kept say what it
+// passed over.
 [[nodiscard]] Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
                                         uint32_t* slot, SweepState* st);
 

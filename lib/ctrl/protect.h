@@ -36,6 +36,21 @@
 // Dumps do not arm: a dumped key may be one no peer ever asks for. A grace of
 // 0 turns protection off (nothing arms, the hit path sets no bits).
 //
+// Hints (bit 17): prealloc stamps the Idle, unowned residency it installs
+// with the hinted bit and the time (guard_hint), before it drops the bucket
+// lock. The reserved CLOCK (the only sweep prealloc runs, clock.cpp) keeps a
+// hint that is still unused and younger than the grace (hint_kept): a
+// prealloc never trades another still-unused prealloc for its own, which
+// gains no slot for the next task and made a pass that found the pool full
+// of loads in flight evict its own hints (issue 15 goal 1; design.md 9.1
+// step 6). A takeover makes the word owned, and the arm in mark_ready
+// replaces the whole stamp, so a used hint is an ordinary residency again.
+// A regular-pool miss ignores hints (a hint in the regular pool is a free
+// slot prealloc found, nothing more). An evictor that claimed the slot
+// between install and stamp cannot detach it (the bucket is still locked)
+// and drops its claim; one that read the guard before the stamp became
+// visible may still take it: that costs one hint, never data.
+//
 // Peer deferral (queue/load_queue.cpp, owner grace): a dispatcher that waits
 // for a peer to start serving its share sets its bit in
 // CtrlGlobals.deferring, reads defer_bell, looks at its entries and
@@ -52,12 +67,14 @@
 
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
+#include "ctrl/slot_word.h"
 #include "sync/futex.h"
 
 namespace ucm {
 
 constexpr uint64_t kGuardTakenMask = 0xffffull;
 constexpr uint64_t kGuardArmed = 1ull << 16;
+constexpr uint64_t kGuardHinted = 1ull << 17;
 constexpr uint32_t kGuardTimeShift = 32;
 
 inline uint32_t guard_taken(uint64_t g) { return static_cast<uint32_t>(g & kGuardTakenMask); }
@@ -104,6 +121,28 @@ inline bool slot_protected(const BufferCtrl& c, uint32_t i, ProtectView* v) {
   if (v->grace_ms == 0 || v->copiers == 0) return false;
   const uint64_t g = c.guard(i).load(std::memory_order_acquire);
   if (!guard_armed(g) || (v->copiers & ~guard_taken(g)) == 0) return false;
+  if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
+  if (!v->have_now) {
+    v->now_ms = protect_now_ms();
+    v->have_now = true;
+  }
+  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+}
+
+// Prealloc installed slot i (Idle, unowned) and still holds its bucket's lock.
+inline void guard_hint(const BufferCtrl& c, uint32_t i) {
+  c.guard(i).store((uint64_t{protect_now_ms()} << kGuardTimeShift) | kGuardHinted, std::memory_order_relaxed);
+}
+
+// Whether claimed slot i is a still-unused prealloc younger than the grace,
+// which a prealloc's sweep leaves alone. Called after claim_slot(): nobody
+// can take the slot over while the claim stands, so its word is stable.
+inline bool hint_kept(const BufferCtrl& c, uint32_t i, ProtectView* v) {
+  if (v->grace_ms == 0) return false;
+  const uint64_t g = c.guard(i).load(std::memory_order_acquire);
+  if ((g & kGuardHinted) == 0 || guard_armed(g)) return false;
+  const uint32_t w = c.slot(i).word.load(std::memory_order_acquire);
+  if (word_state(w) != State::kIdle || word_owner(w) != kNoOwner) return false;
   if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
   if (!v->have_now) {
     v->now_ms = protect_now_ms();

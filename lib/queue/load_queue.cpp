@@ -385,17 +385,28 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
 
 void LoadQueue::prealloc_next(const Task& t) {
   // One pass over the task's entries, also when the next task is already
-  // pending (a pipeline window): its delay is bounded by the pass, each
-  // prealloc() a try-lock and a bounded sweep of the reserved pool.
+  // pending (a pipeline window). A prealloc that finds the reserved pool
+  // held, part of it by loads or copies in flight (the node's: up to
+  // io_depth per rank), waits for them to land rather than give the next
+  // task's shards up to the regular pool, at most prealloc_wait_ns per pass;
+  // the rest of a full pool (unused preallocs, protected or unstored slots)
+  // stops the pass at once.
   const uint32_t spb = cache_->ctrl().shards_per_block();
+  const uint64_t wait_end = std::min(t.deadline_ns(), now_ns() + opts_.prealloc_wait_ns);
   for (const TaskEntry& e : t.entries()) {
-    if (stopping()) return;
     if (e.key.shard + 1 >= spb) continue;
     Key next = e.key;
     next.shard += 1;
-    PreallocOutcome o;
-    if (cache_->prealloc(next, &o) != Result::kOk) return;
-    if (o == PreallocOutcome::kNoSpace) return;  // nothing free without evicting: stop
+    for (;;) {
+      if (stopping()) return;
+      PreallocOutcome o;
+      bool in_flight = false;
+      if (cache_->prealloc(next, &o, &in_flight) != Result::kOk) return;
+      if (o != PreallocOutcome::kNoSpace) break;
+      if (!in_flight || now_ns() >= wait_end) return;  // nothing will free on its own (in time): stop
+      flush_batch();  // our copier holds whatever it must copy to free our part
+      sleep_for_ns(opts_.no_space_backoff_ns);
+    }
   }
 }
 

@@ -97,6 +97,10 @@ struct QueueOptions {
   uint32_t load_retries = 2;
   uint32_t pending_limit = 1024;
   uint64_t no_space_backoff_ns = 200'000;
+  // How long one prealloc pass waits, at most, for loads and copies in flight
+  // to free the reserved pool (design.md 9.1 step 6): a load that hangs costs
+  // the next task no more than this.
+  uint64_t prealloc_wait_ns = 20'000'000;
   // How long a peer's share of a task waits for that peer (or anyone) to load
   // it before this rank does; 0: never wait (the first rank to arrive owns all).
   uint64_t owner_grace_ns = 1'000'000;
