@@ -13,6 +13,7 @@
 #include "boot/fd_exchange.h"
 #include "common/latency_histogram.h"
 #include "common/log.h"
+#include "common/small_buffer.h"
 #include "common/time.h"
 #include "ctrl/departure.h"
 #include "ctrl/recovery.h"
@@ -468,11 +469,7 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   if (!queue_)
     return fail(Result::kBadState, "local rank %d is a scheduler rank (device_id %d): it cannot %s shards",
                 node_.local_rank, device_id_, kind == TaskKind::kLoad ? "load" : "dump");
-  uint64_t tid;
-  {
-    std::lock_guard<std::mutex> g(tasks_mu_);
-    tid = next_task_id_++;
-  }
+  const uint64_t tid = next_task_id_.fetch_add(1, std::memory_order_relaxed);
   if (engine_) {
     const Result bad = check_app_buffers(kind, entries);
     if (bad != Result::kOk) {
@@ -481,11 +478,13 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
       return fail(bad, "%s", why.c_str());
     }
   }
-  auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms));
+  // One clock read for the submit time and the deadline.
+  const uint64_t now = now_ns();
+  auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms, now), now);
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
-    tasks_[tid] = t;
+    tasks_.emplace(tid, t);
   }
   const Result r = fanout_ && kind == TaskKind::kLoad ? fanout_->submit(t) : queue_->submit(t);
   if (r != Result::kOk) {
@@ -498,10 +497,10 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
 }
 
 Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries) {
-  std::vector<const void*> ptrs(entries.size());
+  SmallBuffer<const void*, 64> ptrs(entries.size());  // on the stack for small tasks
   for (size_t i = 0; i < entries.size(); ++i) ptrs[i] = kind == TaskKind::kLoad ? entries[i].dst : entries[i].src;
   size_t bad = 0;
-  const Result r = engine_->check_app_buffers(ptrs.data(), ptrs.size(), config_.shard_bytes, &bad);
+  const Result r = engine_->check_app_buffers(ptrs.data(), entries.size(), config_.shard_bytes, &bad);
   if (r == Result::kInvalidArg) {
     const std::string why = last_error();
     return fail(r, "entry %zu: %s %s", bad, kind == TaskKind::kLoad ? "dst" : "src", why.c_str());
@@ -510,30 +509,42 @@ Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& ent
   return Result::kOk;
 }
 
+// A task already done (the inline path finishes it before ucm_load_task
+// returns) leaves the table in the hold that finds it: one lock, no clock.
 Result Cache::wait(uint64_t id, int64_t timeout_ms) {
   std::shared_ptr<Task> t;
+  bool taken = false;
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
     if (it == tasks_.end())
       return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
-    t = it->second;
+    taken = it->second->done();
+    if (taken) {
+      t = std::move(it->second);
+      tasks_.erase(it);
+    } else {
+      t = it->second;
+    }
   }
+  if (!taken) UCM_CHECK(wait_running(*t, id, timeout_ms));
+  const Result r = t->result();
+  if (r != Result::kOk) return fail(r, "%s", t->error().c_str());
+  return Result::kOk;  // the task is freed here, outside the lock
+}
+
+Result Cache::wait_running(const Task& t, uint64_t id, int64_t timeout_ms) {
   // Negative, or too large to add to the clock: no bound.
   const uint64_t deadline = timeout_ms < 0 ? kNoDeadline : deadline_after_ms(static_cast<uint64_t>(timeout_ms));
-  if (!t->wait_until(deadline)) {
-    if (t->abandoned())
+  if (!t.wait_until(deadline)) {
+    if (t.abandoned())
       return fail(Result::kFinalized, "the cache is being finalized: task %" PRIu64
                   " did not complete, and nothing more is written to its destinations", id);
     return fail(Result::kTimeout, "task %" PRIu64 " still running after %" PRId64 " ms", id, timeout_ms);
   }
-  {
-    std::lock_guard<std::mutex> g(tasks_mu_);
-    tasks_.erase(id);
-  }
-  const Result r = t->result();
-  if (r != Result::kOk) return fail(r, "%s", t->error().c_str());
+  std::lock_guard<std::mutex> g(tasks_mu_);
+  tasks_.erase(id);
   return Result::kOk;
 }
 

@@ -20,6 +20,7 @@
 // Nothing is created in any file system.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,6 +110,9 @@ class Cache {
   Result fetch_planes_of_rank0(const CtrlParams& cp, const DataParams& dp, uint64_t nonce, uint64_t store_bytes,
                                uint64_t deadline);
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
+  // wait()'s part for a task not done when it looked: sleeps until done,
+  // then takes it out of the table.
+  Result wait_running(const Task& t, uint64_t id, int64_t timeout_ms);
   Result open_rank();
   Result open_fanout();  // init step 7 (api/cache_fanout.cpp)
   // Tears down what this rank holds; the store's I/O threads get until
@@ -139,7 +143,7 @@ class Cache {
   std::mutex tasks_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared
-  uint64_t next_task_id_ = 1;
+  std::atomic<uint64_t> next_task_id_{1};
   mutable std::mutex error_mu_;
   std::string error_;
 };

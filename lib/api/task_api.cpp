@@ -20,41 +20,48 @@ ucm::Key to_key(const ucm_key_t& k) {
   return out;
 }
 
-// Where a task first repeats a key: the first entry (in entry order) whose
-// key an earlier entry has, and the earliest such entry (*later = n: none).
-// Without a node per entry: one pass in entry order over an open-addressed
-// table of entry indices (at least twice as many places as entries, on the
-// stack up to 64 entries), probed by the key's hash; equal hashes are then
-// compared key by key. The table holds each key's first entry only, so the
-// first hit is the first repeat and names the entry it repeats.
-void first_repeat(const std::vector<ucm::TaskEntry>& es, size_t* later, size_t* earlier) {
-  const size_t n = es.size();
-  size_t places = 16;
-  while (places < 2 * n) places <<= 1;
-  const size_t mask = places - 1;
-  ucm::SmallBuffer<uint32_t, 128> at(places);  // entry index + 1; 0: empty
-  ucm::SmallBuffer<uint64_t, 64> hash(n);
-  std::fill(at.data(), at.data() + places, 0u);
-  *later = n;
-  for (size_t i = 0; i < n; ++i) {
-    const ucm::Key& k = es[i].key;
-    hash[i] = ucm::KeyHash{}(k);
-    size_t p = hash[i] & mask;
-    for (; at[p] != 0; p = (p + 1) & mask) {
+// The entries seen so far, to find the first that repeats a key: an
+// open-addressed table of entry indices (at least twice as many places as
+// entries, on the stack up to 64 entries), probed by the key's hash; equal
+// hashes are then compared key by key. Entry i is looked up once entries
+// 0..i-1 are in, so the first hit names the first repeat (in entry order) and
+// the entry it repeats, in the one pass over the entries.
+class RepeatTable {
+ public:
+  explicit RepeatTable(size_t n) : mask_(places_for(n) - 1), at_(mask_ + 1), hash_(n) {
+    std::fill(at_.data(), at_.data() + mask_ + 1, 0u);
+  }
+  // es[i]: the earlier entry with the same key, or i itself after adding it.
+  size_t add(const ucm::TaskEntry* es, size_t i) {
+    uint32_t* const at = at_.data();
+    uint64_t* const hash = hash_.data();
+    const ucm::Key k = es[i].key;
+    const uint64_t h = ucm::KeyHash{}(k);
+    hash[i] = h;
+    size_t p = h & mask_;
+    for (; at[p] != 0; p = (p + 1) & mask_) {
       const uint32_t j = at[p] - 1;
-      if (hash[j] == hash[i] && es[j].key == k) {
-        *later = i;
-        *earlier = j;
-        return;
-      }
+      if (hash[j] == h && es[j].key == k) return j;
     }
     at[p] = static_cast<uint32_t>(i + 1);
+    return i;
   }
-}
 
-// Checks a task's entries and converts them; `take(e, out)` copies entry e's
-// dst or src into out and says whether it is non-NULL. The first bad entry
-// (in entry order) is the error, a repeated key being entry i's last check.
+ private:
+  static size_t places_for(size_t n) {
+    size_t places = 16;
+    while (places < 2 * n) places <<= 1;
+    return places;
+  }
+  const size_t mask_;
+  ucm::SmallBuffer<uint32_t, 128> at_;  // entry index + 1; 0: empty
+  ucm::SmallBuffer<uint64_t, 64> hash_;
+};
+
+// Checks a task's entries and converts them, in one pass; `take(e, out)`
+// copies entry e's dst or src into out and says whether it is non-NULL. The
+// first bad entry (in entry order) is the error, a repeated key being entry
+// i's last check.
 template <typename Entry, typename Take>
 ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, const ucm_task_t* task, Take take,
                           const char* ptr_name, std::vector<ucm::TaskEntry>* out) {
@@ -67,18 +74,20 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
   if (n > limit) return fail(Result::kTooLarge, "n %zu > max_task_entries %u", n, limit);
   const uint32_t spb = c.config().shards_per_block;
   out->resize(n);
-  for (size_t i = 0; i < n; ++i) (*out)[i].key = to_key(entries[i].key);
-  size_t later = n, earlier = 0;
-  first_repeat(*out, &later, &earlier);
+  ucm::TaskEntry* const es = out->data();
+  RepeatTable seen(n);
   for (size_t i = 0; i < n; ++i) {
-    const ucm::Key& k = (*out)[i].key;
-    if (!take(entries[i], &(*out)[i])) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
-    if (entries[i].key.reserved != 0)
-      return fail(Result::kInvalidArg, "entry %zu: key.reserved %u != 0", i, entries[i].key.reserved);
-    if (k.shard >= spb) return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", k.shard, spb, i);
-    if (i == later)
+    const Entry& e = entries[i];
+    es[i].key = to_key(e.key);
+    if (!take(e, &es[i])) return fail(Result::kNullPointer, "entry %zu: %s is NULL", i, ptr_name);
+    if (e.key.reserved != 0) return fail(Result::kInvalidArg, "entry %zu: key.reserved %u != 0", i, e.key.reserved);
+    if (e.key.shard >= spb)
+      return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", e.key.shard, spb, i);
+    if (const size_t earlier = seen.add(es, i); earlier != i) {
+      const ucm::Key& k = es[i].key;
       return fail(Result::kDuplicateKey, "entry %zu repeats the key of entry %zu (block %016" PRIx64 "%016" PRIx64
                   " shard %u)", i, earlier, k.block.hi, k.block.lo, k.shard);
+    }
   }
   return Result::kOk;
 }

@@ -39,10 +39,11 @@ inline void sleep_for_ns(uint64_t ns) {
 
 // now + ms; a sum too large for the clock (ms near UINT64_MAX / 1e6, or
 // INT64_MAX passed as a timeout) saturates to kNoDeadline: no bound.
-inline uint64_t deadline_after_ms(uint64_t ms) {
-  const uint64_t now = now_ns();
+// `ms` after `now` (a now_ns() the caller read already), kNoDeadline past the clock's end.
+inline uint64_t deadline_after_ms(uint64_t ms, uint64_t now) {
   if (ms > (kNoDeadline - now) / 1000000ull) return kNoDeadline;
   return now + ms * 1000000ull;
 }
+inline uint64_t deadline_after_ms(uint64_t ms) { return deadline_after_ms(ms, now_ns()); }
 
 }  // namespace ucm

@@ -9,10 +9,13 @@
 namespace ucm {
 
 Task::Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns)
+    : Task(id, kind, std::move(entries), deadline_ns, now_ns()) {}
+
+Task::Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns, uint64_t submit_ns)
     : id_(id),
       kind_(kind),
       entries_(std::move(entries)),
-      submit_ns_(now_ns()),
+      submit_ns_(submit_ns),
       deadline_ns_(deadline_ns),
       remaining_(static_cast<uint32_t>(entries_.size())) {}
 
@@ -68,6 +71,7 @@ bool Task::wait_until(uint64_t deadline_ns) const {
 }
 
 Result Task::result() const {
+  if (done()) return result_;  // acquire: after every write of it (task.h)
   std::lock_guard<std::mutex> g(mu_);
   return result_;
 }

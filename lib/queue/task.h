@@ -44,7 +44,10 @@ struct TaskEntry {
 
 class Task {
  public:
+  // submit_ns: when it was submitted (now_ns(); a caller that read the clock
+  // for the deadline passes what it read).
   Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns);
+  Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns, uint64_t submit_ns);
 
   uint64_t id() const { return id_; }
   TaskKind kind() const { return kind_; }
@@ -68,6 +71,8 @@ class Task {
   bool wait_until(uint64_t deadline_ns) const;
   // Wakes every waiter for good: the task will not be run to its end.
   void abandon();
+  // Without the lock once done: every entry_failed() wrote it before the
+  // last finish() set kDoneBit.
   Result result() const;
   std::string error() const;
   uint64_t latency_ns() const { return done_ns_.load(std::memory_order_acquire) - submit_ns_; }
