@@ -207,7 +207,10 @@ void PosixRing::queue_read(Read* rd) {
 }
 
 // Submits what is queued, waits for one completion and handles every one
-// that landed. false: the store was abandoned meanwhile.
+// that landed. Once shutdown() abandoned the store, a read that returns from
+// the kernel is still counted (the store's counters say it ended), but it is
+// neither continued nor completed. false: abandoned, and no read is left in
+// the kernel (the thread returns).
 bool PosixRing::wait_and_reap() {
   io_uring_cqe* cqe = nullptr;
   const uint64_t calls0 = posix_thread_syscalls();
@@ -215,30 +218,29 @@ bool PosixRing::wait_and_reap() {
   const int w = io_uring_submit_and_wait(ring_.get(), 1);
   if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY)
     UCM_WARN("posix store at %s: io_uring_submit_and_wait: %s", store_->opts_.dir.c_str(), strerror(-w));
+  bool abandoned = false;
   {
     std::shared_lock<std::shared_mutex> g(store_->buf_mu_);
-    if (store_->abandoned_) return false;
+    abandoned = store_->abandoned_;
   }
   unsigned head = 0, seen = 0;
   io_uring_for_each_cqe(ring_.get(), head, cqe) {
     ++seen;
     const uint64_t tag = io_uring_cqe_get_data64(cqe);
     const int res = cqe->res;
-    if (tag == kBellTag) {
-      arm_bell();
-      continue;
-    }
-    on_read(reinterpret_cast<Read*>(tag), res);
+    if (tag != kBellTag) on_read(reinterpret_cast<Read*>(tag), res, abandoned);
+    else if (!abandoned) arm_bell();
   }
   io_uring_cq_advance(ring_.get(), seen);
   store_->load_syscalls_.fetch_add(posix_thread_syscalls() - calls0, std::memory_order_relaxed);
-  return true;
+  return !abandoned || in_flight_ > 0;
 }
 
 // A shard's read landed (res: bytes, or -errno): continue it, redo it
 // buffered, or finish the load.
-void PosixRing::on_read(Read* rd, int res) {
+void PosixRing::on_read(Read* rd, int res, bool abandoned) {
   IoRequest* req = rd->req;
+  if (abandoned) return end_read(rd, res < 0 ? res : -EIO);  // nothing more goes into the buffer
   if (res == -EAGAIN || res == -EINTR) return queue_read(rd);
   if (res == -EINVAL && rd->direct) {
     // Aligned as the kernel said, refused all the same: buffered from here.
@@ -252,9 +254,14 @@ void PosixRing::on_read(Read* rd, int res) {
     rd->got += static_cast<uint64_t>(res);
     if (rd->got < req->bytes) return queue_read(rd);  // short: the rest, from where it stopped
   }
+  end_read(rd, res < 0 ? res : static_cast<ssize_t>(rd->got));
+}
+
+// The read is over (n: the shard's bytes read, or -errno): its checks, then done().
+void PosixRing::end_read(Read* rd, ssize_t n) {
   {
     UCM_TRACE(TraceRange::kBackendLoad);
-    store_->end_load(req, rd->fd, rd->h, res < 0 ? res : static_cast<ssize_t>(rd->got));
+    store_->end_load(rd->req, rd->fd, rd->h, n);
   }
   --in_flight_;
   finish(rd);

@@ -58,7 +58,8 @@ class PosixRing {
   bool prepare(IoRequest* req, Read* rd, bool nothing_queued);
   void queue_read(Read* rd);
   bool wait_and_reap();
-  void on_read(Read* rd, int res);
+  void on_read(Read* rd, int res, bool abandoned);
+  void end_read(Read* rd, ssize_t n);
   void finish(Read* rd);
   void arm_bell();
 
