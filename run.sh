@@ -24,7 +24,7 @@ set -euo pipefail
 
 cd "$(dirname "$(readlink -f "$0")")"
 
-PACKAGES=(openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
+PACKAGES=(liburing-dev openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
           libgtest-dev g++ cmake scdoc strace
           python3-dev pybind11-dev python3-mpi4py python3-numpy python3-pytest)
 PREFIX=${UCM_BUILD_PREFIX:-build}

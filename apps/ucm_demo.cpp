@@ -198,7 +198,7 @@ bool posix_store(const std::string& spec, std::string* dir, uint32_t* depth) {
   std::string rest = spec.substr(6);
   *depth = 8;
   size_t cut = std::string::npos;
-  for (const char* k : {",depth=", ",direct=", ",sync=", ",file_mode="}) cut = std::min(cut, rest.find(k));
+  for (const char* k : {",depth=", ",direct=", ",sync=", ",file_mode=", ",engine="}) cut = std::min(cut, rest.find(k));
   *dir = rest.substr(0, cut);
   const size_t d = rest.find(",depth=", cut == std::string::npos ? 0 : cut);
   if (d != std::string::npos) *depth = static_cast<uint32_t>(std::max(1, std::atoi(rest.c_str() + d + 7)));

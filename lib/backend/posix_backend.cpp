@@ -11,8 +11,12 @@
 #include <cstring>
 #include <random>
 
+#include "ucm_build_config.h"
 #include "common/time.h"
 
+#if UCM_HAVE_URING
+#include "backend/posix_uring.h"
+#endif
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/trace.h"
@@ -31,6 +35,20 @@ uint32_t header_check(const ShardHeader& h) {
 
 // System calls this thread made through the helpers below (occupancy()).
 thread_local uint64_t t_syscalls = 0;
+
+}  // namespace
+
+uint64_t& posix_thread_syscalls() { return t_syscalls; }
+
+void PosixBackend::RingDeleter::operator()(PosixRing* r) const {
+#if UCM_HAVE_URING
+  delete r;
+#else
+  (void)r;  // never made without io_uring
+#endif
+}
+
+namespace {
 
 // Full-length positional I/O: loops over short transfers, retries EINTR.
 // Returns bytes transferred (short only at end of file for reads) or -errno.
@@ -144,6 +162,11 @@ Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
       if ((u & 0600) != 0600)
         return fail(Result::kInvalidArg, "backend option file_mode=%s lacks owner read and write (0600)", v.c_str());
       o->file_mode = static_cast<uint32_t>(u);
+    } else if (k == "engine") {
+      if (v == "auto") o->engine = LoadEngine::kAuto;
+      else if (v == "threads") o->engine = LoadEngine::kThreads;
+      else if (v == "uring") o->engine = LoadEngine::kUring;
+      else return fail(Result::kInvalidArg, "backend option engine=%s is not auto, threads or uring", v.c_str());
     } else {
       return fail(Result::kInvalidArg, "posix backend: unknown option \"%s\"", k.c_str());
     }
@@ -253,14 +276,39 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
   b->direct_ok_.store(direct.ok, std::memory_order_relaxed);
   b->dio_mem_align_ = direct.mem_align;
   b->dio_off_align_ = direct.off_align;
+  UCM_CHECK(b->start_ring());
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
   UCM_NODE_INFO(kBackend,
-                "store: posix at %s: %u I/O threads, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
-                o.dir.c_str(), o.depth, direct.ok ? "available" : "not available", direct.mem_align, direct.off_align,
-                o.sync ? "on" : "off", o.file_mode);
+                "store: posix at %s: %u I/O threads, loads on %s, O_DIRECT %s (alignment: memory %u, offset %u), "
+                "sync %s, files 0%o",
+                o.dir.c_str(), o.depth, b->load_engine(), direct.ok ? "available" : "not available", direct.mem_align,
+                direct.off_align, o.sync ? "on" : "off", o.file_mode);
   *out = std::move(b);
   return Result::kOk;
 }
+
+// engine=uring: the ring or an init error; auto: the ring where the kernel
+// gives one, the threads otherwise (said once at INFO).
+Result PosixBackend::start_ring() {
+  if (opts_.engine == LoadEngine::kThreads) return Result::kOk;
+#if UCM_HAVE_URING
+  std::unique_ptr<PosixRing> r;
+  const Result res = PosixRing::create(this, opts_.depth, &r);
+  if (res == Result::kOk) {
+    ring_.reset(r.release());
+    return Result::kOk;
+  }
+  if (opts_.engine == LoadEngine::kUring) return res;
+  UCM_NODE_INFO(kBackend, "store: posix at %s: loads on threads (%s)", opts_.dir.c_str(), last_error().c_str());
+  return Result::kOk;
+#else
+  if (opts_.engine == LoadEngine::kAuto) return Result::kOk;
+  return fail(Result::kUnsupported, "posix store: engine=uring, but ucmcache was built without io_uring "
+                                    "(meson -Dio_uring=enabled, with liburing-dev)");
+#endif
+}
+
+const char* PosixBackend::load_engine() const { return ring_ ? "uring" : "threads"; }
 
 PosixBackend::~PosixBackend() {
   // Unbounded here: a caller that must not wait forever calls shutdown()
@@ -269,17 +317,38 @@ PosixBackend::~PosixBackend() {
   close(dir_fd_);
 }
 
-uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
-  if (!logged_occupancy_.exchange(true)) {
-    const Occupancy o = occupancy();
-    if (o.loads > 0)
-      UCM_DEBUG(kBackend,
-                "posix store at %s: %" PRIu64 " loads on %u I/O threads, %.2f in flight on average as one started, %" PRIu64
-                " at full depth, %" PRIu64 " leaving nothing queued, %" PRIu64 " dry spells (nothing queued or in flight), "
-                "%.1f system calls per load",
-                opts_.dir.c_str(), o.loads, opts_.depth, double(o.busy_sum) / double(o.loads), o.at_full_depth,
-                o.queue_empty, o.dry_spells, double(o.syscalls) / double(o.loads));
+void PosixBackend::log_occupancy() {
+  if (logged_occupancy_.exchange(true)) return;
+  const Occupancy o = occupancy();
+  if (o.loads > 0)
+    UCM_DEBUG(kBackend,
+              "posix store at %s: %" PRIu64 " loads on %u I/O %s, %.2f in flight on average as one started, %" PRIu64
+              " at full depth, %" PRIu64 " leaving nothing queued, %" PRIu64 " dry spells (nothing queued or in flight), "
+              "%.1f system calls per load",
+              opts_.dir.c_str(), o.loads, opts_.depth, ring_ ? "slots of one io_uring" : "threads",
+              double(o.busy_sum) / double(o.loads), o.at_full_depth, o.queue_empty, o.dry_spells,
+              double(o.syscalls) / double(o.loads));
+}
+
+// Left behind are the threads inside a request at the deadline (in the
+// kernel, or about to be). An idle thread holds nothing and only has to be
+// scheduled to leave, so with none inside a request every thread is joined,
+// even when the deadline has passed already (finalize's deadline may be
+// spent by a peer that never came). Returns the threads inside a request.
+uint32_t PosixBackend::wait_workers(uint64_t deadline_ns) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const size_t n = threads_.size();
+  while (exited_ < n && in_request_ > 0) {
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns) break;
+    if (deadline_ns == kNoDeadline) exit_cv_.wait(lk);
+    else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
   }
+  return in_request_;
+}
+
+uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
+  log_occupancy();
   std::deque<std::pair<IoRequest*, bool>> queued;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -287,25 +356,16 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
     queued.swap(queue_);
   }
   cv_.notify_all();
+#if UCM_HAVE_URING
+  if (ring_) ring_->stop();  // its queued requests are completed too
+#endif
   // Requests still queued get their one completion.
   for (auto& [req, is_load] : queued) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
-  // Left behind are the threads inside a request at the deadline (in the
-  // kernel, or about to be). An idle thread holds nothing and only has to be
-  // scheduled to leave, so with none inside a request every thread is joined,
-  // even when the deadline has passed already (finalize's deadline may be
-  // spent by a peer that never came).
-  uint32_t left = 0;
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    const size_t n = threads_.size();
-    while (exited_ < n && in_request_ > 0) {
-      const uint64_t now = now_ns();
-      if (now >= deadline_ns) break;
-      if (deadline_ns == kNoDeadline) exit_cv_.wait(lk);
-      else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
-    }
-    left = in_request_;
-  }
+  uint32_t left = wait_workers(deadline_ns);
+#if UCM_HAVE_URING
+  const bool ring_stuck = ring_ && !ring_->wait_exit(deadline_ns);
+  left += ring_stuck ? 1 : 0;
+#endif
   if (left == 0) {
     for (auto& t : threads_) t.join();
     threads_.clear();
@@ -319,6 +379,9 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
   }
   for (auto& t : threads_) t.detach();
   threads_.clear();
+#if UCM_HAVE_URING
+  if (ring_stuck) (void)ring_.release()->detach();  // it returns into the ring: never freed
+#endif
   UCM_WARN("posix store at %s: %u I/O thread(s) still in the kernel %s after shutdown began: detached, never joined",
            opts_.dir.c_str(), left, deadline_ns == kNoDeadline ? "" : "at the deadline");
   return left;
@@ -326,7 +389,15 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
 
 std::string PosixBackend::block_path(const BlockId& b) const { return opts_.dir + "/" + block_name(b); }
 
-void PosixBackend::load(IoRequest* req) { submit(req, true); }
+void PosixBackend::load(IoRequest* req) {
+#if UCM_HAVE_URING
+  if (ring_) {
+    if (!reject_malformed(req, ctx_, true, "posix", &counters_)) ring_->submit(req);
+    return;
+  }
+#endif
+  submit(req, true);
+}
 void PosixBackend::dump(IoRequest* req) { submit(req, false); }
 
 void PosixBackend::submit(IoRequest* req, bool is_load) {
@@ -348,6 +419,7 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
 void PosixBackend::worker() {
   for (;;) {
     std::pair<IoRequest*, bool> item;
+    bool nothing_queued = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
@@ -355,27 +427,22 @@ void PosixBackend::worker() {
       item = queue_.front();
       queue_.pop_front();
       ++in_request_;
-      if (item.second) {
-        ++busy_loads_;
-        ++occ_.loads;
-        occ_.busy_sum += busy_loads_;
-        if (busy_loads_ >= opts_.depth) ++occ_.at_full_depth;
-        if (queue_.empty()) ++occ_.queue_empty;
-      }
+      nothing_queued = queue_.empty();
     }
     if (item.second) {
+      note_load_start(nothing_queued);
       UCM_TRACE(TraceRange::kBackendLoad);
       counters_.load_started();  // in flight = on an I/O thread, not queued
       const uint64_t calls0 = t_syscalls;
       do_load(item.first);
       load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
       counters_.load_finished(*item.first);
+      bool empty = false;
       {
-        // Before done(): whoever the completion wakes sees this load ended.
         std::lock_guard<std::mutex> g(mu_);
-        --busy_loads_;
-        if (busy_loads_ == 0 && queue_.empty()) ++occ_.dry_spells;
+        empty = queue_.empty();
       }
+      note_load_end(empty);
     } else {
       UCM_TRACE(TraceRange::kBackendDump);
       do_dump(item.first);
@@ -534,37 +601,64 @@ Result PosixBackend::read_header(int fd, const Key& k, const std::string& path, 
   return Result::kOk;
 }
 
-void PosixBackend::do_load(IoRequest* req) {
-  const std::string path = block_path(req->key.block);
-  int fd = -1;
-  req->result = open_block(req->key, false, &fd, req->error, sizeof(req->error));
-  if (req->result != Result::kOk) return;
+bool PosixBackend::begin_load(IoRequest* req, int* fd, ShardHeader* h) {
+  *fd = -1;
+  req->result = open_block(req->key, false, fd, req->error, sizeof(req->error));
+  if (req->result != Result::kOk) return false;
   // The header goes through the page cache: 64 bytes are not direct-I/O sized.
-  ShardHeader h;
-  req->result = read_header(fd, req->key, path, &h, req->error, sizeof(req->error));
-  if (req->result == Result::kOk) {
-    const ssize_t n = transfer(req, fd, true);
-    if (n < 0) {
-      req->result = Result::kBackend;
-      key_error(req->error, sizeof(req->error), req->key, path, "reading the shard: %s", strerror(static_cast<int>(-n)));
-    } else if (static_cast<uint64_t>(n) != req->bytes) {
+  req->result = read_header(*fd, req->key, block_path(req->key.block), h, req->error, sizeof(req->error));
+  if (req->result == Result::kOk) return true;
+  ++t_syscalls;
+  close(*fd);
+  *fd = -1;
+  return false;
+}
+
+void PosixBackend::end_load(IoRequest* req, int fd, const ShardHeader& h, ssize_t n) {
+  if (n < 0) {
+    req->result = Result::kBackend;
+    key_error(req->error, sizeof(req->error), req->key, block_path(req->key.block), "reading the shard: %s",
+              strerror(static_cast<int>(-n)));
+  } else if (static_cast<uint64_t>(n) != req->bytes) {
+    req->result = Result::kCorrupt;
+    key_error(req->error, sizeof(req->error), req->key, block_path(req->key.block),
+              "the shard is truncated: %zd of %" PRIu64 " bytes", n, req->bytes);
+  } else {
+    // User space reads the buffer: not once shutdown() has abandoned us
+    // (the buffer may be fenced off by then).
+    std::shared_lock<std::shared_mutex> g(buf_mu_);
+    if (abandoned_) {
+      req->result = Result::kTimeout;
+    } else if (checksum64(req->buf, req->bytes) != h.checksum) {
       req->result = Result::kCorrupt;
-      key_error(req->error, sizeof(req->error), req->key, path, "the shard is truncated: %zd of %" PRIu64 " bytes", n,
-                req->bytes);
-    } else {
-      // User space reads the buffer: not once shutdown() has abandoned us
-      // (the buffer may be fenced off by then).
-      std::shared_lock<std::shared_mutex> g(buf_mu_);
-      if (abandoned_) {
-        req->result = Result::kTimeout;
-      } else if (checksum64(req->buf, req->bytes) != h.checksum) {
-        req->result = Result::kCorrupt;
-        key_error(req->error, sizeof(req->error), req->key, path, "the shard fails its checksum");
-      }
+      key_error(req->error, sizeof(req->error), req->key, block_path(req->key.block), "the shard fails its checksum");
     }
   }
   ++t_syscalls;
   close(fd);
+}
+
+void PosixBackend::do_load(IoRequest* req) {
+  int fd = -1;
+  ShardHeader h;
+  if (!begin_load(req, &fd, &h)) return;
+  end_load(req, fd, h, transfer(req, fd, true));
+}
+
+void PosixBackend::note_load_start(bool nothing_queued) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++busy_loads_;
+  ++occ_.loads;
+  occ_.busy_sum += busy_loads_;
+  if (busy_loads_ >= opts_.depth) ++occ_.at_full_depth;
+  if (nothing_queued) ++occ_.queue_empty;
+}
+
+void PosixBackend::note_load_end(bool nothing_queued) {
+  // Before done(): whoever the completion wakes sees this load ended.
+  std::lock_guard<std::mutex> g(mu_);
+  --busy_loads_;
+  if (busy_loads_ == 0 && nothing_queued) ++occ_.dry_spells;
 }
 
 void PosixBackend::do_dump(IoRequest* req) {

@@ -23,7 +23,12 @@
 // followed, never waited on. Files are created with file_mode (0600). The
 // store creates no directories.
 //
-// I/O runs on `depth` threads. O_DIRECT is used when the file system accepts it
+// I/O runs on `depth` threads, or (engine=uring, built with -Dio_uring) loads
+// run on one io_uring thread with up to `depth` shard reads in the kernel at
+// once (posix_uring.h): the reads keep the disk busy while the thread is not
+// scheduled, and one wake-up completes every read that landed. Dumps always
+// run on the threads. engine=auto takes io_uring where it was built and the
+// kernel allows it, the threads otherwise. O_DIRECT is used when the file system accepts it
 // and the buffer, length and offset meet its alignment (statx STATX_DIOALIGN
 // on a file there; 4096 where the kernel does not say), direct=auto; always
 // where aligned (on: init fails where the file system refuses O_DIRECT); or
@@ -33,6 +38,7 @@
 // the blocks' files resident (POSIX_FADV_WILLNEED).
 //
 // Spec: posix:/path[,depth=8][,direct=auto|on|off][,sync=0|1][,file_mode=0600]
+//                   [,engine=auto|threads|uring]
 //   sync=1 fdatasync()s the shard before writing its header (durable dumps).
 //   file_mode: octal permission bits of the block files, at least 0600; the
 //   store sets them exactly (umask aside) on every file it writes.
@@ -57,6 +63,12 @@
 namespace ucm {
 
 enum class DirectMode : uint8_t { kAuto, kOn, kOff };
+enum class LoadEngine : uint8_t { kAuto, kThreads, kUring };
+
+class PosixRing;
+
+// The system calls the calling thread made for the store (occupancy()).
+uint64_t& posix_thread_syscalls();
 
 struct PosixOptions {
   std::string dir;
@@ -64,6 +76,7 @@ struct PosixOptions {
   DirectMode direct = DirectMode::kAuto;
   bool sync = false;
   uint32_t file_mode = 0600;
+  LoadEngine engine = LoadEngine::kAuto;
   // Not in the spec: the direct-I/O alignment to assume instead of what the
   // kernel reports (0: ask the kernel). Lets a test make the kernel refuse a
   // direct transfer the store believes aligned, the case the fallback is for.
@@ -127,13 +140,27 @@ class PosixBackend final : public Backend {
   uint32_t dio_mem_align() const { return dio_mem_align_; }
   uint32_t dio_offset_align() const { return dio_off_align_; }
   std::string block_path(const BlockId& b) const;
+  // What runs the loads: "uring" or "threads".
+  const char* load_engine() const;
   uint64_t index_offset() const { return index_off_; }
 
  private:
+  friend class PosixRing;
   PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd);
   void submit(IoRequest* req, bool is_load);
   void worker();
   void do_load(IoRequest* req);
+  // A load in two halves around the shard's read (both engines): open the
+  // file and check its header (false: req is finished, with its error), then
+  // check what `n` (bytes read, or -errno) brought and close the file.
+  bool begin_load(IoRequest* req, int* fd, ShardHeader* h);
+  void end_load(IoRequest* req, int fd, const ShardHeader& h, ssize_t n);
+  // Occupancy: a load starts, a load ends (nothing_queued: behind it).
+  void note_load_start(bool nothing_queued);
+  void note_load_end(bool nothing_queued);
+  Result start_ring();
+  void log_occupancy();
+  uint32_t wait_workers(uint64_t deadline_ns);
   void do_dump(IoRequest* req);
   bool aligned_for_direct(const IoRequest* req) const;
   Result open_block(const Key& k, bool for_dump, int* fd, char* err, size_t err_len) const;
@@ -163,6 +190,10 @@ class PosixBackend final : public Backend {
   std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
+  struct RingDeleter {
+    void operator()(PosixRing* r) const;
+  };
+  std::unique_ptr<PosixRing, RingDeleter> ring_;  // engine uring: runs the loads
   // Shared by a worker while it reads or writes a request's buffer in user
   // space or runs its done(); shutdown() takes it exclusively to abandon the
   // workers it leaves behind, before the caller fences the buffers off.

@@ -13,8 +13,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,17 +26,27 @@
 #include "backend/posix_backend.h"
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
+#include "ucm_build_config.h"
 
 namespace ucm::test {
 namespace {
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
+// The load engine of every store these tests make without naming one: the
+// default (auto) unless UCM_TEST_POSIX_ENGINE says (the suite runs these tests
+// once more with the threads, tests/meson.build).
+std::string default_engine() {
+  const char* e = std::getenv("UCM_TEST_POSIX_ENGINE");
+  return e != nullptr && *e != '\0' ? std::string(",engine=") + e : "";
+}
+
 std::unique_ptr<PosixBackend> make_posix(const std::string& dir, uint64_t shard_bytes, uint32_t shards,
-                                         const std::string& extra = "") {
+                                         std::string extra = "") {
   BackendContext c;
   c.shard_bytes = shard_bytes;
   c.shards_per_block = shards;
+  if (extra.find("engine=") == std::string::npos) extra += default_engine();
   std::unique_ptr<Backend> b;
   const Result r = make_backend("posix:" + dir + extra, c, &b);
   EXPECT_EQ(res(r), res(Result::kOk)) << dir << extra << ": " << last_error();
@@ -141,7 +153,7 @@ TEST(PosixBackend, RoundTripAlignedUsesDirectIoWhereTheFsAcceptsIt) {
 TEST(PosixBackend, OccupancyCountsLoadsInFlightDrySpellsAndSystemCalls) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  auto b = make_posix(dir.path, 8192, 4, ",depth=4,direct=off");
+  auto b = make_posix(dir.path, 8192, 4, ",depth=4,direct=off,engine=threads");
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2, 3, 4, 5}, 4, 8192);
   EXPECT_EQ(b->occupancy().loads, 0u) << "dumps are not loads";
@@ -192,7 +204,7 @@ TEST(PosixBackend, ADirectLoadIsSixSystemCalls) {
   if (base.empty()) GTEST_SKIP() << "no disk file system here accepts O_DIRECT:" << types;
   TempDir dir(base);
   ASSERT_TRUE(dir.ok());
-  auto b = make_posix(dir.path, 8192, 4, ",depth=2,direct=on");
+  auto b = make_posix(dir.path, 8192, 4, ",depth=2,direct=on,engine=threads");
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2}, 4, 8192);
   expect_blocks(b.get(), {1, 2}, 4, 8192);  // aligned buffers: every load direct
@@ -205,6 +217,85 @@ TEST(PosixBackend, ADirectLoadIsSixSystemCalls) {
   dump_blocks(b.get(), {2}, 4, 8192);
   expect_blocks(b.get(), {1, 2}, 4, 8192);
   EXPECT_EQ(b->occupancy().syscalls, 16u * 6u);
+}
+
+// engine=uring: every load runs on the ring's one thread, at most `depth`
+// in the kernel at once, each counted once as it starts; a load is the
+// thread engine's openat, fstat, header pread and close, one fcntl (the
+// file's flags for the ring), and its share of the ring's io_uring_enter
+// calls (at most one per completion that woke the thread, read or bell).
+TEST(PosixBackend, UringEngineLoadsOnOneThreadAtMostDepthInTheKernel) {
+  if (!UCM_HAVE_URING) GTEST_SKIP() << "built without io_uring (meson -Dio_uring)";
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  BackendContext c;
+  c.shard_bytes = 8192;
+  c.shards_per_block = 4;
+  std::unique_ptr<Backend> probe;
+  const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
+  if (made == Result::kUnsupported) GTEST_SKIP() << "the kernel refuses io_uring here: " << last_error();
+  ASSERT_EQ(res(made), res(Result::kOk)) << last_error();
+  probe.reset();
+  auto b = make_posix(dir.path, 8192, 4, ",depth=4,direct=off,engine=uring");
+  ASSERT_NE(b, nullptr);
+  EXPECT_STREQ(b->load_engine(), "uring");
+  dump_blocks(b.get(), {1, 2, 3, 4}, 4, 8192);
+  static std::mutex mu;
+  static std::set<std::thread::id> done_on;
+  done_on.clear();
+  Batch batch;
+  std::vector<AlignedBuf> bufs;
+  std::vector<Op> ops(16);
+  for (int i = 0; i < 16; ++i) bufs.emplace_back(8192);
+  for (int i = 0; i < 16; ++i) {
+    prepare(&ops[i], &batch, key(1 + i / 4, static_cast<uint32_t>(i % 4)), bufs[i].get(), 8192);
+    ops[i].req.done = [](IoRequest* r) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        done_on.insert(std::this_thread::get_id());
+      }
+      op_done(r);
+    };
+    b->load(&ops[i].req);
+  }
+  ASSERT_TRUE(batch.wait(16));
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(res(ops[i].req.result), res(Result::kOk)) << ops[i].req.error;
+    EXPECT_EQ(ops[i].calls, 1);
+    EXPECT_EQ(sim_verify(ops[i].req.key, bufs[i].get(), 8192), 8192u) << i;
+  }
+  EXPECT_EQ(done_on.size(), 1u) << "one thread completes every load";
+  const PosixBackend::Occupancy o = b->occupancy();
+  EXPECT_EQ(o.loads, 16u);
+  EXPECT_GE(o.busy_sum, 16u);
+  EXPECT_LE(o.busy_sum, 16u * 4u) << "never more than depth=4 in the kernel";
+  EXPECT_GE(o.syscalls, 16u * 5u) << "openat, fstat, header pread, fcntl, close per load";
+  EXPECT_LE(o.syscalls, 16u * 5u + 16u + 17u) << "and one io_uring_enter per completion, read or bell, at most";
+  EXPECT_EQ(b->counters().loads, 16u);
+  EXPECT_EQ(b->counters().inflight_loads, 0u);
+}
+
+TEST(PosixBackend, EngineIsAutoThreadsOrUring) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  BackendContext c;
+  c.shard_bytes = 4096;
+  c.shards_per_block = 2;
+  std::unique_ptr<Backend> b;
+  EXPECT_EQ(res(make_backend("posix:" + dir.path + ",engine=aio", c, &b)), res(Result::kInvalidArg));
+  EXPECT_TRUE(contains(last_error(), "engine=aio")) << last_error();
+  auto t = make_posix(dir.path, 4096, 2, ",engine=threads");
+  ASSERT_NE(t, nullptr);
+  EXPECT_STREQ(t->load_engine(), "threads");
+  const Result u = make_backend("posix:" + dir.path + ",engine=uring", c, &b);
+  if (!UCM_HAVE_URING) {
+    EXPECT_EQ(res(u), res(Result::kUnsupported));
+    EXPECT_TRUE(contains(last_error(), "io_uring")) << last_error();
+  }
+  auto a = make_posix(dir.path, 4096, 2, ",engine=auto");
+  ASSERT_NE(a, nullptr);
+  // auto is the ring exactly where engine=uring works.
+  EXPECT_STREQ(a->load_engine(), u == Result::kOk ? "uring" : "threads");
 }
 
 TEST(PosixBackend, RoundTripAlignedOnTmpfs) {

@@ -15,6 +15,7 @@
 
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
+#include "ucm_build_config.h"
 
 namespace ucm::test {
 namespace {
@@ -47,6 +48,7 @@ struct SimStore {
   static constexpr const char* kName = "sim";
   static constexpr uint64_t kShard = 4096 + 13;
   static constexpr bool kStallIsCertain = true;  // a 60 s latency outlives any test
+  static std::string label() { return kName; }
   std::unique_ptr<Backend> make(uint32_t shards, Shape shape) {
     const char* spec = shape == Shape::kStalled      ? "sim:latency_us=60000000,gbps=0,max_inflight=4"
                        : shape == Shape::kConcurrent ? "sim:latency_us=0,gbps=0,populated=dumped,max_inflight=4,workers=4"
@@ -55,18 +57,25 @@ struct SimStore {
   }
 };
 
-// The posix store on real files in a fresh directory.
-struct PosixStore {
+// The posix store on real files in a fresh directory, its loads on the I/O
+// threads (engine=threads) or on an io_uring (engine=uring).
+template <const char* Engine>
+struct PosixStoreOn {
   static constexpr const char* kName = "posix";
   static constexpr uint64_t kShard = 4096;
   static constexpr bool kStallIsCertain = false;  // one I/O thread may already have run some
+  static std::string label() { return std::string("posix_") + Engine; }
   TempDir dir;
   std::unique_ptr<Backend> make(uint32_t shards, Shape shape) {
     EXPECT_TRUE(dir.ok());
     const char* extra = shape == Shape::kStalled ? ",depth=1" : shape == Shape::kConcurrent ? ",depth=4" : "";
-    return make_store("posix:" + dir.path + extra, kShard, shards, kName);
+    return make_store("posix:" + dir.path + extra + ",engine=" + Engine, kShard, shards, kName);
   }
 };
+constexpr char kThreads[] = "threads";
+constexpr char kUring[] = "uring";
+using PosixStore = PosixStoreOn<kThreads>;
+using PosixUringStore = PosixStoreOn<kUring>;
 
 template <class S>
 class StoreContract : public ::testing::Test {
@@ -79,11 +88,15 @@ class StoreContract : public ::testing::Test {
 struct StoreName {
   template <class S>
   static std::string GetName(int) {
-    return S::kName;
+    return S::label();
   }
 };
 
+#if UCM_HAVE_URING
+using Stores = ::testing::Types<SimStore, PosixStore, PosixUringStore>;
+#else
 using Stores = ::testing::Types<SimStore, PosixStore>;
+#endif
 TYPED_TEST_SUITE(StoreContract, Stores, StoreName);
 
 TYPED_TEST(StoreContract, DumpedShardsLoadBackByteExact) {

@@ -33,6 +33,7 @@ class Ucmcache(MesonPackage):
 
     variant("cuda", default=True, description="Build the CUDA copy engine against the CUDA runtime")
     variant("hwloc", default=True, description="Pin the queue threads near each GPU with hwloc")
+    variant("io_uring", default=True, description="Load from the posix store through io_uring (liburing)")
     variant("nccl", default=False, description="Look for NCCL (the library does not call it yet)")
     variant("nvtx", default=True, description="NVTX ranges for Nsight Systems (header-only NVTX 3)")
 
@@ -46,6 +47,7 @@ class Ucmcache(MesonPackage):
     depends_on("scdoc", type="build")  # the man pages
     depends_on("mpi")
     depends_on("hwloc@2:", when="+hwloc")
+    depends_on("liburing", when="+io_uring")
     depends_on("cuda", when="+cuda")
     depends_on("nccl", when="+nccl")
     depends_on("nvtx", when="+nvtx")  # nvtx3/ headers only (the CUDA toolkit has them too)
@@ -64,6 +66,7 @@ class Ucmcache(MesonPackage):
             "-Ddebug_asserts=auto",  # on only in a debug or debugoptimized build_type
             feature("cuda"),
             feature("hwloc"),
+            feature("io_uring"),
             feature("nccl"),
             feature("nvtx"),
             "-Dtests={0}".format("true" if self.run_tests else "false"),

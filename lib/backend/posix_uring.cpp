@@ -1,0 +1,289 @@
+#include "backend/posix_uring.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <shared_mutex>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "common/trace.h"
+
+namespace ucm {
+
+// One load between its preparation and its done().
+struct PosixRing::Read {
+  IoRequest* req = nullptr;
+  int fd = -1;
+  bool direct = false;
+  uint64_t got = 0;  // bytes of the shard read so far
+  ShardHeader h{};
+};
+
+namespace {
+
+constexpr uint64_t kBellTag = 0;  // user_data of the eventfd's read; every other one is a Read*
+
+// The file status flags of a block file read through the ring: O_NONBLOCK
+// (open_block's, for FIFOs; the file is known regular by now) would make the
+// ring answer EAGAIN instead of waiting for the disk.
+bool set_ring_flags(int fd, bool direct) {
+  ++posix_thread_syscalls();
+  return fcntl(fd, F_SETFL, direct ? O_DIRECT : 0) == 0;
+}
+
+}  // namespace
+
+PosixRing::PosixRing(PosixBackend* store, uint32_t depth) : store_(store), depth_(depth) {}
+
+Result PosixRing::create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out) {
+  std::unique_ptr<PosixRing> r(new PosixRing(store, depth));
+  r->ring_ = std::make_unique<io_uring>();
+  // One entry per read in the kernel and one for the bell.
+  const int e = io_uring_queue_init(depth + 1, r->ring_.get(), 0);
+  if (e < 0) {
+    r->ring_.reset();
+    return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", depth + 1, strerror(-e));
+  }
+  r->bell_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (r->bell_fd_ < 0) return fail(Result::kSystem, "posix store: eventfd: %s", strerror(errno));
+  r->arm_bell();
+  r->thread_ = std::thread([p = r.get()] { p->main(); });
+  *out = std::move(r);
+  return Result::kOk;
+}
+
+PosixRing::~PosixRing() {
+  if (thread_.joinable()) thread_.join();
+  if (ring_) io_uring_queue_exit(ring_.get());
+  if (bell_fd_ >= 0) close(bell_fd_);
+}
+
+void PosixRing::submit(IoRequest* req) {
+  bool wake = false;
+  bool refused = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    refused = stopping_;
+    if (!refused) {
+      queue_.push_back(req);
+      wake = asleep_;
+      asleep_ = false;
+    }
+  }
+  if (refused) {
+    complete_with(req, Result::kTimeout, "posix store shut down before the request was queued");
+    return;
+  }
+  if (!wake) return;
+  const uint64_t one = 1;
+  ++posix_thread_syscalls();
+  (void)!write(bell_fd_, &one, sizeof(one));
+}
+
+void PosixRing::stop() {
+  std::deque<IoRequest*> queued;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+    queued.swap(queue_);
+  }
+  const uint64_t one = 1;
+  (void)!write(bell_fd_, &one, sizeof(one));
+  for (IoRequest* req : queued) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+}
+
+// A ring with no load taken holds nothing and only has to be scheduled to
+// leave: it is waited for past the deadline, as the store's idle threads are.
+bool PosixRing::wait_exit(uint64_t deadline_ns) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!exited_) {
+      const uint64_t now = now_ns();
+      const bool idle = busy_.load(std::memory_order_acquire) == 0;
+      if (now >= deadline_ns && !idle) return false;
+      if (deadline_ns == kNoDeadline || idle) exit_cv_.wait(lk);
+      else exit_cv_.wait_for(lk, std::chrono::nanoseconds(deadline_ns - now));
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+void PosixRing::detach() {
+  if (thread_.joinable()) thread_.detach();
+}
+
+void PosixRing::arm_bell() {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  // The ring has room for the bell and every read (create()).
+  io_uring_prep_read(sqe, bell_fd_, &bell_buf_, sizeof(bell_buf_), 0);
+  io_uring_sqe_set_data64(sqe, kBellTag);
+}
+
+void PosixRing::main() {
+  for (;;) {
+    start_queued();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stopping_ && in_flight_ == 0) break;
+    }
+    if (!wait_and_reap()) return;  // abandoned by shutdown()
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  exited_ = true;
+  exit_cv_.notify_all();
+}
+
+// Takes what is queued while there is room, prepares each load and queues
+// its read; says (asleep_) whether the wait that follows has room for more.
+void PosixRing::start_queued() {
+  for (;;) {
+    IoRequest* req = nullptr;
+    bool nothing_queued = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (queue_.empty() || in_flight_ >= depth_) {
+        asleep_ = !stopping_ && in_flight_ < depth_;
+        return;
+      }
+      req = queue_.front();
+      queue_.pop_front();
+      busy_.fetch_add(1, std::memory_order_relaxed);
+      nothing_queued = queue_.empty();
+    }
+    auto* rd = new Read;
+    rd->req = req;
+    if (!prepare(req, rd, nothing_queued)) continue;  // completed (and rd freed)
+    ++in_flight_;
+    queue_read(rd);
+  }
+}
+
+// The thread engine's first half of a load (open, header), then the file's
+// flags for the ring. false: the request is completed (its error, or the
+// store was abandoned while it ran).
+bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
+  UCM_TRACE(TraceRange::kBackendLoad);
+  store_->note_load_start(nothing_queued);
+  store_->counters_.load_started();
+  const uint64_t calls0 = posix_thread_syscalls();
+  bool ok = store_->begin_load(req, &rd->fd, &rd->h);
+  if (ok) {
+    rd->direct = store_->aligned_for_direct(req);
+    if (!set_ring_flags(rd->fd, rd->direct) && rd->direct) {
+      // The file system takes no O_DIRECT (the thread engine's fcntl case).
+      if (errno == EINVAL) {
+        req->direct_fallback = true;
+        store_->stop_direct("fcntl O_DIRECT: Invalid argument");
+      }
+      rd->direct = false;
+      ok = set_ring_flags(rd->fd, false);
+      if (!ok) store_->end_load(req, rd->fd, rd->h, -errno);
+    }
+  }
+  store_->load_syscalls_.fetch_add(posix_thread_syscalls() - calls0, std::memory_order_relaxed);
+  if (ok) return true;
+  finish(rd);
+  return false;
+}
+
+void PosixRing::queue_read(Read* rd) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  while (sqe == nullptr) {  // never with depth + 1 entries; submitting frees them anyway
+    ++posix_thread_syscalls();
+    (void)io_uring_submit(ring_.get());
+    sqe = io_uring_get_sqe(ring_.get());
+  }
+  IoRequest* req = rd->req;
+  const uint64_t off = uint64_t{req->key.shard} * store_->ctx_.shard_bytes + rd->got;
+  io_uring_prep_read(sqe, rd->fd, static_cast<uint8_t*>(req->buf) + rd->got, static_cast<unsigned>(req->bytes - rd->got),
+                     off);
+  io_uring_sqe_set_data(sqe, rd);
+}
+
+// Submits what is queued, waits for one completion and handles every one
+// that landed. Once shutdown() abandoned the store, a read that returns from
+// the kernel is still counted (the store's counters say it ended), but it is
+// neither continued nor completed. false: abandoned, and no read is left in
+// the kernel (the thread returns).
+bool PosixRing::wait_and_reap() {
+  io_uring_cqe* cqe = nullptr;
+  const uint64_t calls0 = posix_thread_syscalls();
+  ++posix_thread_syscalls();
+  const int w = io_uring_submit_and_wait(ring_.get(), 1);
+  if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY)
+    UCM_WARN("posix store at %s: io_uring_submit_and_wait: %s", store_->opts_.dir.c_str(), strerror(-w));
+  bool abandoned = false;
+  {
+    std::shared_lock<std::shared_mutex> g(store_->buf_mu_);
+    abandoned = store_->abandoned_;
+  }
+  unsigned head = 0, seen = 0;
+  io_uring_for_each_cqe(ring_.get(), head, cqe) {
+    ++seen;
+    const uint64_t tag = io_uring_cqe_get_data64(cqe);
+    const int res = cqe->res;
+    if (tag != kBellTag) on_read(reinterpret_cast<Read*>(tag), res, abandoned);
+    else if (!abandoned) arm_bell();
+  }
+  io_uring_cq_advance(ring_.get(), seen);
+  store_->load_syscalls_.fetch_add(posix_thread_syscalls() - calls0, std::memory_order_relaxed);
+  return !abandoned || in_flight_ > 0;
+}
+
+// A shard's read landed (res: bytes, or -errno): continue it, redo it
+// buffered, or finish the load.
+void PosixRing::on_read(Read* rd, int res, bool abandoned) {
+  IoRequest* req = rd->req;
+  if (abandoned) return end_read(rd, res < 0 ? res : -EIO);  // nothing more goes into the buffer
+  if (res == -EAGAIN || res == -EINTR) return queue_read(rd);
+  if (res == -EINVAL && rd->direct) {
+    // Aligned as the kernel said, refused all the same: buffered from here.
+    req->direct_fallback = true;
+    store_->stop_direct("a direct read: Invalid argument");
+    rd->direct = false;
+    if (set_ring_flags(rd->fd, false)) return queue_read(rd);
+    res = -errno;
+  }
+  if (res > 0) {
+    rd->got += static_cast<uint64_t>(res);
+    if (rd->got < req->bytes) return queue_read(rd);  // short: the rest, from where it stopped
+  }
+  end_read(rd, res < 0 ? res : static_cast<ssize_t>(rd->got));
+}
+
+// The read is over (n: the shard's bytes read, or -errno): its checks, then done().
+void PosixRing::end_read(Read* rd, ssize_t n) {
+  {
+    UCM_TRACE(TraceRange::kBackendLoad);
+    store_->end_load(rd->req, rd->fd, rd->h, n);
+  }
+  --in_flight_;
+  finish(rd);
+}
+
+// The load is over (req->result says how): the counters, then its one done().
+void PosixRing::finish(Read* rd) {
+  IoRequest* req = rd->req;
+  delete rd;
+  store_->counters_.load_finished(*req);
+  bool nothing_queued = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    nothing_queued = queue_.empty();
+  }
+  store_->note_load_end(nothing_queued);
+  {
+    std::shared_lock<std::shared_mutex> g(store_->buf_mu_);
+    if (store_->abandoned_) return;  // whoever gave us the request is gone
+    req->done(req);
+  }
+  busy_.fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace ucm

@@ -1,0 +1,82 @@
+// The posix store's io_uring engine for loads (engine=uring; built with
+// -Dio_uring, liburing). One thread per store prepares each load (opens the
+// block file and checks its header, as the thread engine does), puts the
+// shard's read in the kernel's queue, and completes whatever reads landed:
+// checksum, close, done(). Up to `depth` reads are in the kernel at once, so
+// the disk stays busy while the thread waits for a CPU, and one wake-up
+// completes every read that landed meanwhile (the thread engine needs one
+// thread, and one wake-up, per read).
+//
+// New requests reach a waiting ring thread through an eventfd whose read is
+// always queued in the ring; a submitter writes it only when the thread said
+// (under mu_) that it is about to wait with room for more.
+//
+// A direct read the file system refuses (EINVAL) is redone buffered on the
+// same request (direct_fallback) and direct I/O stops for the store, as on the
+// threads; a short read is continued where it stopped, and a read that ends
+// at the end of the file leaves the shard truncated (kCorrupt). shutdown()
+// completes the queued requests (kTimeout) and waits until the reads in the
+// kernel landed or the deadline passed; a thread still waiting on the kernel
+// then is detached by the store (posix_backend.h) and touches no buffer and
+// calls no done() once it returns.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/posix_backend.h"
+
+struct io_uring;
+struct io_uring_cqe;
+
+namespace ucm {
+
+class PosixRing {
+ public:
+  // kUnsupported where the kernel refuses io_uring (the message says why).
+  [[nodiscard]] static Result create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out);
+  ~PosixRing();  // after stop() and wait_exit() returned true
+
+  void submit(IoRequest* req);
+  // Completes the queued requests (kTimeout); the reads in the kernel finish.
+  void stop();
+  // Whether the ring thread returned by the deadline (it is then joined).
+  bool wait_exit(uint64_t deadline_ns);
+  void detach();  // stuck in the kernel past the deadline: left behind
+
+ private:
+  struct Read;
+  PosixRing(PosixBackend* store, uint32_t depth);
+  void main();
+  void start_queued();
+  bool prepare(IoRequest* req, Read* rd, bool nothing_queued);
+  void queue_read(Read* rd);
+  bool wait_and_reap();
+  void on_read(Read* rd, int res, bool abandoned);
+  void end_read(Read* rd, ssize_t n);
+  void finish(Read* rd);
+  void arm_bell();
+
+  PosixBackend* const store_;
+  const uint32_t depth_;
+  std::unique_ptr<io_uring> ring_;
+  int bell_fd_ = -1;
+  uint64_t bell_buf_ = 0;
+  std::mutex mu_;
+  std::condition_variable exit_cv_;
+  std::deque<IoRequest*> queue_;  // under mu_
+  bool asleep_ = false;            // under mu_: the thread waits with room for more
+  bool stopping_ = false;          // under mu_
+  bool exited_ = false;            // under mu_
+  uint32_t in_flight_ = 0;         // the ring thread's: reads in the kernel
+  std::atomic<uint32_t> busy_{0};  // loads taken from queue_ and not yet done()
+  std::thread thread_;
+};
+
+}  // namespace ucm
