@@ -31,7 +31,6 @@ constexpr uint32_t kReserved = 4;  // reserved slots
 constexpr uint32_t kBlocks = 3;    // blocks per task
 
 struct InFlight : test::OneRankQueue {
-  std::vector<std::vector<uint8_t>> dst;
   std::unique_ptr<CacheBuffer> peer;  // local rank 1
   std::vector<uint32_t> held;         // the peer's loads
 
@@ -44,18 +43,19 @@ struct InFlight : test::OneRankQueue {
     peer = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, o1);
   }
   std::shared_ptr<Task> task(uint64_t first_block, uint32_t n, uint32_t shard) {
-    std::vector<TaskEntry> es(n);
-    for (uint32_t i = 0; i < n; ++i) {
-      dst.emplace_back(kShard);
-      es[i].key = test::key(first_block + i, shard);
-      es[i].dst = dst.back().data();
-    }
-    return std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+    return load_task(first_block, n, shard, kShard);
   }
-  void finish(const std::shared_ptr<Task>& t) {
-    ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
-    ASSERT_EQ(t->result(), Result::kOk) << t->error();
-    for (const TaskEntry& e : t->entries()) EXPECT_EQ(sim_verify(e.key, e.dst, kShard), kShard);
+  void finish(const std::shared_ptr<Task>& t) { finish_verified(t, kShard); }
+  // The regular pool full of last shards (nothing to prealloc after them),
+  // loaded by a queue without prealloc.
+  void fill_regular() {
+    QueueOptions off;
+    off.prealloc = false;
+    new_queue(off);
+    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+    const auto fill = task(100, kRegular, kSpb - 1);
+    ASSERT_EQ(queue->submit(fill), Result::kOk) << last_error();
+    ASSERT_NO_FATAL_FAILURE(finish(fill));
   }
   // The peer takes every reserved slot over and keeps loading into it.
   void peer_holds_the_reserved_pool() {
@@ -82,14 +82,7 @@ struct InFlight : test::OneRankQueue {
 TEST(PreallocInFlight, APassThatFindsThePoolHeldByLoadsWaitsAndTheNextTaskTakesEveryShardOver) {
   InFlight w;
   ASSERT_NO_FATAL_FAILURE(w.open());
-  // The regular pool full of last shards (nothing to prealloc after them).
-  QueueOptions off;
-  off.prealloc = false;
-  w.new_queue(off);
-  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
-  const auto fill = w.task(100, kRegular, kSpb - 1);
-  ASSERT_EQ(w.queue->submit(fill), Result::kOk) << last_error();
-  ASSERT_NO_FATAL_FAILURE(w.finish(fill));
+  ASSERT_NO_FATAL_FAILURE(w.fill_regular());
   ASSERT_NO_FATAL_FAILURE(w.peer_holds_the_reserved_pool());
 
   const RankCounters& c = w.cache->counters();
@@ -124,13 +117,7 @@ TEST(PreallocInFlight, APassWaitsNoLongerThanItsBoundForLoadsThatDoNotEnd) {
   // into the regular pool, as with no wait at all. The outcome, not the time.
   InFlight w;
   ASSERT_NO_FATAL_FAILURE(w.open());
-  QueueOptions off;
-  off.prealloc = false;
-  w.new_queue(off);
-  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
-  const auto fill = w.task(100, kRegular, kSpb - 1);
-  ASSERT_EQ(w.queue->submit(fill), Result::kOk) << last_error();
-  ASSERT_NO_FATAL_FAILURE(w.finish(fill));
+  ASSERT_NO_FATAL_FAILURE(w.fill_regular());
   ASSERT_NO_FATAL_FAILURE(w.peer_holds_the_reserved_pool());
   const RankCounters& c = w.cache->counters();
   const uint64_t made0 = c.prealloc_made.load(), ev0 = c.evictions.load();
@@ -155,13 +142,7 @@ TEST(PreallocInFlight, APoolFullOfUnusedHintsStopsThePassAtOnce) {
   // does not evict them; the pending task's shards miss into the regular pool.
   InFlight w;
   ASSERT_NO_FATAL_FAILURE(w.open());
-  QueueOptions off;
-  off.prealloc = false;
-  w.new_queue(off);
-  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
-  const auto fill = w.task(100, kRegular, kSpb - 1);
-  ASSERT_EQ(w.queue->submit(fill), Result::kOk) << last_error();
-  ASSERT_NO_FATAL_FAILURE(w.finish(fill));
+  ASSERT_NO_FATAL_FAILURE(w.fill_regular());
   for (uint32_t i = 0; i < kReserved; ++i) {
     PreallocOutcome o;
     ASSERT_EQ(w.peer->prealloc(test::key(600 + i, 0), &o), Result::kOk) << last_error();

@@ -24,7 +24,6 @@ constexpr uint32_t kReserved = 16;  // reserved slots
 constexpr uint32_t kBlocks = 3;     // blocks per task
 
 struct Window : test::OneRankQueue {
-  std::vector<std::vector<uint8_t>> dst;  // every task's destinations, alive until the end
 
   void open() { open_cache(test::params(kRegular, kReserved, kShard, kSpb, 1)); }
   // A fresh queue (not started yet) on the same cache.
@@ -34,19 +33,9 @@ struct Window : test::OneRankQueue {
     OneRankQueue::new_queue(qo);
   }
   std::shared_ptr<Task> task(uint64_t first_block, uint32_t n, uint32_t shard) {
-    std::vector<TaskEntry> es(n);
-    for (uint32_t i = 0; i < n; ++i) {
-      dst.emplace_back(kShard);
-      es[i].key = test::key(first_block + i, shard);
-      es[i].dst = dst.back().data();
-    }
-    return std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+    return load_task(first_block, n, shard, kShard);
   }
-  void finish(const std::shared_ptr<Task>& t) {
-    ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
-    ASSERT_EQ(t->result(), Result::kOk) << t->error();
-    for (const TaskEntry& e : t->entries()) EXPECT_EQ(sim_verify(e.key, e.dst, kShard), kShard);
-  }
+  void finish(const std::shared_ptr<Task>& t) { finish_verified(t, kShard); }
 };
 
 struct Counts {
