@@ -380,7 +380,7 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
   for (auto& t : threads_) t.detach();
   threads_.clear();
 #if UCM_HAVE_URING
-  if (ring_stuck) (void)ring_.release()->detach();  // it returns into the ring: never freed
+  if (ring_stuck) PosixRing::abandon(ring_.release());  // the stuck read returns into the ring: never freed
 #endif
   UCM_WARN("posix store at %s: %u I/O thread(s) still in the kernel %s after shutdown began: detached, never joined",
            opts_.dir.c_str(), left, deadline_ns == kNoDeadline ? "" : "at the deadline");

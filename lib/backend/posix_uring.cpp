@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <shared_mutex>
+#include <vector>
 
 #include "common/log.h"
 #include "common/time.h"
@@ -114,8 +116,12 @@ bool PosixRing::wait_exit(uint64_t deadline_ns) {
   return true;
 }
 
-void PosixRing::detach() {
-  if (thread_.joinable()) thread_.detach();
+void PosixRing::abandon(PosixRing* ring) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<PosixRing*>;  // never destroyed: the rings must outlive every static
+  if (ring->thread_.joinable()) ring->thread_.detach();
+  std::lock_guard<std::mutex> g(mu);
+  kept->push_back(ring);
 }
 
 void PosixRing::arm_bell() {

@@ -48,7 +48,10 @@ class PosixRing {
   void stop();
   // Whether the ring thread returned by the deadline (it is then joined).
   bool wait_exit(uint64_t deadline_ns);
-  void detach();  // stuck in the kernel past the deadline: left behind
+  // Stuck in the kernel past the deadline: left behind for the process's
+  // life (the kernel still completes into it), on a list that keeps it
+  // reachable, so that it is never freed and is not a leak.
+  static void abandon(PosixRing* ring);  // takes ownership
 
  private:
   struct Read;
