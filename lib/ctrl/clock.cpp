@@ -155,7 +155,6 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
     }
     if (st->reserved && hint_kept(c, i, &protect)) {  // a prealloc nobody has used yet (protect.h)
       unclaim_slot(c, i);
-      ++st->hints_kept;
       continue;
     }
     bool done = false;

@@ -66,7 +66,6 @@ struct SweepState {
   // passed over, so a prealloc that finds no slot can tell why.
   bool reserved = false;
   uint64_t in_flight = 0;    // positions held by a load, pinned (copies, waiters) or claimed
-  uint64_t hints_kept = 0;   // positions holding a still-unused prealloc
   // Every phase ran to its end: a kNoSlot answer is final.
   bool done() const { return started && chance_left == 0 && stored_left == 0 && any_left == 0; }
 };
@@ -97,8 +96,8 @@ void reset_sweep_stats();
                                          uint32_t* slot, SweepState* st);
 // A reserved-pool slot: never used first, then CLOCK over the reserved pool,
 // with the same budget per call. It never takes an unused prealloc younger
-// than the grace (protect.h); st->in_flight and st->hints_kept say what it
-// passed over.
+// than the grace (protect.h); st->in_flight counts the positions it passed
+// over that loads or copies in flight hold.
 [[nodiscard]] Result take_reserved_slot(const BufferCtrl& c, uint32_t holder, uint32_t locked_bucket, bool* evicted,
                                         uint32_t* slot, SweepState* st);
 

@@ -115,6 +115,16 @@ inline ProtectView protect_view(const BufferCtrl& c) {
   return v;
 }
 
+// Whether guard word g's time is less than the grace ago (the view reads the
+// clock once, at its first use).
+inline bool within_grace(uint64_t g, ProtectView* v) {
+  if (!v->have_now) {
+    v->now_ms = protect_now_ms();
+    v->have_now = true;
+  }
+  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+}
+
 // Whether claimed slot i must stay: armed, keyed, a copier has not taken it,
 // and its grace is still running. Called after claim_slot().
 inline bool slot_protected(const BufferCtrl& c, uint32_t i, ProtectView* v) {
@@ -122,11 +132,7 @@ inline bool slot_protected(const BufferCtrl& c, uint32_t i, ProtectView* v) {
   const uint64_t g = c.guard(i).load(std::memory_order_acquire);
   if (!guard_armed(g) || (v->copiers & ~guard_taken(g)) == 0) return false;
   if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
-  if (!v->have_now) {
-    v->now_ms = protect_now_ms();
-    v->have_now = true;
-  }
-  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+  return within_grace(g, v);
 }
 
 // Prealloc installed slot i (Idle, unowned) and still holds its bucket's lock.
@@ -144,11 +150,7 @@ inline bool hint_kept(const BufferCtrl& c, uint32_t i, ProtectView* v) {
   const uint32_t w = c.slot(i).word.load(std::memory_order_acquire);
   if (word_state(w) != State::kIdle || word_owner(w) != kNoOwner) return false;
   if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
-  if (!v->have_now) {
-    v->now_ms = protect_now_ms();
-    v->have_now = true;
-  }
-  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+  return within_grace(g, v);
 }
 
 // A rank started serving a key (protocol above): wake the peers that defer.
