@@ -57,6 +57,17 @@ struct InFlight : test::OneRankQueue {
     ASSERT_EQ(queue->submit(fill), Result::kOk) << last_error();
     ASSERT_NO_FATAL_FAILURE(finish(fill));
   }
+  // A queue with options o starts with two tasks pending: the next-to-last
+  // shard of kBlocks blocks, then their last; both succeed.
+  void run_two_pending(const QueueOptions& o) {
+    new_queue(o);
+    const auto t1 = task(0, kBlocks, kSpb - 2), t2 = task(0, kBlocks, kSpb - 1);
+    ASSERT_EQ(queue->submit(t1), Result::kOk) << last_error();
+    ASSERT_EQ(queue->submit(t2), Result::kOk) << last_error();
+    ASSERT_EQ(queue->start(), Result::kOk) << last_error();
+    ASSERT_NO_FATAL_FAILURE(finish(t1));
+    ASSERT_NO_FATAL_FAILURE(finish(t2));
+  }
   // The peer takes every reserved slot over and keeps loading into it.
   void peer_holds_the_reserved_pool() {
     for (uint32_t i = 0; i < kReserved; ++i) {
@@ -124,13 +135,7 @@ TEST(PreallocInFlight, APassWaitsNoLongerThanItsBoundForLoadsThatDoNotEnd) {
   QueueOptions on;
   on.prealloc = true;
   on.prealloc_wait_ns = 1'000'000;
-  w.new_queue(on);
-  const auto t1 = w.task(0, kBlocks, kSpb - 2), t2 = w.task(0, kBlocks, kSpb - 1);
-  ASSERT_EQ(w.queue->submit(t1), Result::kOk) << last_error();
-  ASSERT_EQ(w.queue->submit(t2), Result::kOk) << last_error();
-  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
-  ASSERT_NO_FATAL_FAILURE(w.finish(t1));
-  ASSERT_NO_FATAL_FAILURE(w.finish(t2));
+  ASSERT_NO_FATAL_FAILURE(w.run_two_pending(on));
   EXPECT_EQ(c.prealloc_made.load() - made0, 0u);
   EXPECT_EQ(c.evictions.load() - ev0, 2ull * kBlocks) << "both tasks' misses evict from the regular pool";
   w.peer_loads_end();
@@ -152,13 +157,7 @@ TEST(PreallocInFlight, APoolFullOfUnusedHintsStopsThePassAtOnce) {
   const uint64_t made0 = c.prealloc_made.load();
   QueueOptions on;
   on.prealloc = true;
-  w.new_queue(on);
-  const auto t1 = w.task(0, kBlocks, kSpb - 2), t2 = w.task(0, kBlocks, kSpb - 1);
-  ASSERT_EQ(w.queue->submit(t1), Result::kOk) << last_error();
-  ASSERT_EQ(w.queue->submit(t2), Result::kOk) << last_error();
-  ASSERT_EQ(w.queue->start(), Result::kOk) << last_error();
-  ASSERT_NO_FATAL_FAILURE(w.finish(t1));
-  ASSERT_NO_FATAL_FAILURE(w.finish(t2));
+  ASSERT_NO_FATAL_FAILURE(w.run_two_pending(on));
   EXPECT_EQ(c.prealloc_made.load() - made0, 0u);
   for (uint32_t i = 0; i < kReserved; ++i)
     EXPECT_NE(test::resident_slot(w.planes.ctrl, test::key(600 + i, 0)), kNoSlot) << "the peer's hint " << i << " stays";
