@@ -428,21 +428,20 @@ void PosixBackend::worker() {
       queue_.pop_front();
       ++in_request_;
       nothing_queued = queue_.empty();
+      if (item.second) note_load_start_locked(nothing_queued);
     }
     if (item.second) {
-      note_load_start(nothing_queued);
       UCM_TRACE(TraceRange::kBackendLoad);
       counters_.load_started();  // in flight = on an I/O thread, not queued
       const uint64_t calls0 = t_syscalls;
       do_load(item.first);
       load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
       counters_.load_finished(*item.first);
-      bool empty = false;
       {
+        // Before done(): whoever the completion wakes sees this load ended.
         std::lock_guard<std::mutex> g(mu_);
-        empty = queue_.empty();
+        note_load_end_locked(queue_.empty());
       }
-      note_load_end(empty);
     } else {
       UCM_TRACE(TraceRange::kBackendDump);
       do_dump(item.first);
@@ -647,6 +646,10 @@ void PosixBackend::do_load(IoRequest* req) {
 
 void PosixBackend::note_load_start(bool nothing_queued) {
   std::lock_guard<std::mutex> g(mu_);
+  note_load_start_locked(nothing_queued);
+}
+
+void PosixBackend::note_load_start_locked(bool nothing_queued) {
   ++busy_loads_;
   ++occ_.loads;
   occ_.busy_sum += busy_loads_;
@@ -657,6 +660,10 @@ void PosixBackend::note_load_start(bool nothing_queued) {
 void PosixBackend::note_load_end(bool nothing_queued) {
   // Before done(): whoever the completion wakes sees this load ended.
   std::lock_guard<std::mutex> g(mu_);
+  note_load_end_locked(nothing_queued);
+}
+
+void PosixBackend::note_load_end_locked(bool nothing_queued) {
   --busy_loads_;
   if (busy_loads_ == 0 && nothing_queued) ++occ_.dry_spells;
 }

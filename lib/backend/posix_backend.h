@@ -155,9 +155,14 @@ class PosixBackend final : public Backend {
   // check what `n` (bytes read, or -errno) brought and close the file.
   bool begin_load(IoRequest* req, int* fd, ShardHeader* h);
   void end_load(IoRequest* req, int fd, const ShardHeader& h, ssize_t n);
-  // Occupancy: a load starts, a load ends (nothing_queued: behind it).
+  // Occupancy: a load starts, a load ends (nothing_queued: behind it). The
+  // _locked halves run under mu_: the I/O threads count a load in flight in
+  // the same hold that takes it off queue_, and decide a dry spell in the
+  // same hold that reads queue_, so no interleaving of threads loses one.
   void note_load_start(bool nothing_queued);
   void note_load_end(bool nothing_queued);
+  void note_load_start_locked(bool nothing_queued);
+  void note_load_end_locked(bool nothing_queued);
   Result start_ring();
   void log_occupancy();
   uint32_t wait_workers(uint64_t deadline_ns);
