@@ -53,68 +53,78 @@ py::object& key_dtype() {
   return *d;
 }
 
-std::vector<ucm_key_t> parse_keys(py::handle keys) {
-  std::vector<ucm_key_t> out;
-  if (py::isinstance<py::array>(keys)) {
-    py::array a = py::reinterpret_borrow<py::array>(keys);
-    py::object dt = a.attr("dtype");
-    if (!dt.is(key_dtype()) && !dt.equal(key_dtype()))
-      raise_invalid("keys: a numpy array of dtype " + std::string(py::str(dt)) + "; keys need ucmcache.KEY_DTYPE " +
-                        std::string(py::str(key_dtype())) + " (see ucmcache.make_keys)",
-                    "KeyTypeError");
-    if (a.ndim() != 1) raise_invalid("keys: a " + std::to_string(a.ndim()) + "-d array; keys are 1-d", "KeyTypeError");
-    if (!(a.flags() & py::array::c_style)) raise_invalid("keys: the array is not contiguous", "KeyTypeError");
-    static_assert(sizeof(ucm_key_t) == 24);
-    out.resize(static_cast<size_t>(a.shape(0)));
-    if (!out.empty()) std::memcpy(out.data(), a.data(), out.size() * sizeof(ucm_key_t));
-    return out;
+static std::vector<ucm_key_t> parse_key_array(py::handle keys) {
+  py::array a = py::reinterpret_borrow<py::array>(keys);
+  py::object dt = a.attr("dtype");
+  if (!dt.is(key_dtype()) && !dt.equal(key_dtype()))
+    raise_invalid("keys: a numpy array of dtype " + std::string(py::str(dt)) + "; keys need ucmcache.KEY_DTYPE " +
+                      std::string(py::str(key_dtype())) + " (see ucmcache.make_keys)",
+                  "KeyTypeError");
+  if (a.ndim() != 1) raise_invalid("keys: a " + std::to_string(a.ndim()) + "-d array; keys are 1-d", "KeyTypeError");
+  if (!(a.flags() & py::array::c_style)) raise_invalid("keys: the array is not contiguous", "KeyTypeError");
+  static_assert(sizeof(ucm_key_t) == 24);
+  std::vector<ucm_key_t> out(static_cast<size_t>(a.shape(0)));
+  if (!out.empty()) std::memcpy(out.data(), a.data(), out.size() * sizeof(ucm_key_t));
+  return out;
+}
+
+// keys[i]'s block: bytes, a bytearray or any buffer (a memoryview, a uint8
+// array) of exactly 16 bytes; not a str.
+static void parse_key_block(py::handle b, size_t i, uint8_t out[16]) {
+  char* bp = nullptr;
+  Py_ssize_t bn = 0;
+  Py_buffer bv{};
+  bool has_bv = false;
+  if (PyBytes_Check(b.ptr())) {
+    PyBytes_AsStringAndSize(b.ptr(), &bp, &bn);
+  } else if (PyByteArray_Check(b.ptr())) {
+    bp = PyByteArray_AS_STRING(b.ptr()), bn = PyByteArray_GET_SIZE(b.ptr());
+  } else if (!PyUnicode_Check(b.ptr()) && PyObject_CheckBuffer(b.ptr()) &&
+             PyObject_GetBuffer(b.ptr(), &bv, PyBUF_SIMPLE) == 0) {
+    has_bv = true, bp = static_cast<char*>(bv.buf), bn = bv.len;
+  } else {
+    PyErr_Clear();
+    raise_invalid("keys[" + std::to_string(i) + "]: the block is a " + type_name(b) + ", not bytes of 16",
+                  "KeyTypeError");
   }
+  if (bn == 16) std::memcpy(out, bp, 16);
+  if (has_bv) PyBuffer_Release(&bv);
+  if (bn != 16)
+    raise_invalid("keys[" + std::to_string(i) + "]: the block is " + std::to_string(bn) + " bytes, not 16",
+                  "KeyTypeError");
+}
+
+// keys[i]'s shard: an int, or anything with __index__ (a numpy integer); not
+// a bool or a float; in [0, 2^32).
+static uint32_t parse_key_shard(py::handle s, size_t i) {
+  if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr()))
+    raise_invalid("keys[" + std::to_string(i) + "]: the shard is a " + type_name(s) + ", not an int", "KeyTypeError");
+  py::object si = py::reinterpret_steal<py::object>(PyNumber_Index(s.ptr()));
+  if (!si) throw py::error_already_set();
+  const long long sv = PyLong_AsLongLong(si.ptr());
+  if (PyErr_Occurred() || sv < 0 || sv > UINT32_MAX) {
+    PyErr_Clear();
+    raise_class("InvalidArgumentError", UCM_ERR_OUT_OF_RANGE,
+                "keys[" + std::to_string(i) + "]: shard " + std::string(py::str(s)) + " is not in [0, 2^32)");
+  }
+  return static_cast<uint32_t>(sv);
+}
+
+std::vector<ucm_key_t> parse_keys(py::handle keys) {
+  if (py::isinstance<py::array>(keys)) return parse_key_array(keys);
   if (PyUnicode_Check(keys.ptr()) || PyBytes_Check(keys.ptr()) || !PySequence_Check(keys.ptr()))
     raise_invalid("keys is a " + type_name(keys) + ": keys are a sequence of (bytes of 16, int) or a KEY_DTYPE array",
                   "KeyTypeError");
   py::sequence seq = py::reinterpret_borrow<py::sequence>(keys);
-  const size_t n = seq.size();
-  out.resize(n);
-  for (size_t i = 0; i < n; ++i) {
+  std::vector<ucm_key_t> out(seq.size());
+  for (size_t i = 0; i < out.size(); ++i) {
     py::object k = seq[i];
     PyObject* ko = k.ptr();
     if (!(PyTuple_Check(ko) || PyList_Check(ko)) || PySequence_Size(ko) != 2)
       raise_invalid("keys[" + std::to_string(i) + "] is a " + type_name(k) + ": a key is (block: bytes of 16, shard: int)",
                     "KeyTypeError");
-    py::object b = k[py::int_(0)], s = k[py::int_(1)];
-    char* bp = nullptr;
-    Py_ssize_t bn = 0;
-    Py_buffer bv{};
-    bool has_bv = false;
-    if (PyBytes_Check(b.ptr())) {
-      PyBytes_AsStringAndSize(b.ptr(), &bp, &bn);
-    } else if (PyByteArray_Check(b.ptr())) {
-      bp = PyByteArray_AS_STRING(b.ptr()), bn = PyByteArray_GET_SIZE(b.ptr());
-    } else if (!PyUnicode_Check(b.ptr()) && PyObject_CheckBuffer(b.ptr()) &&
-               PyObject_GetBuffer(b.ptr(), &bv, PyBUF_SIMPLE) == 0) {  // memoryview, a uint8 array of 16
-      has_bv = true, bp = static_cast<char*>(bv.buf), bn = bv.len;
-    } else {
-      PyErr_Clear();
-      raise_invalid("keys[" + std::to_string(i) + "]: the block is a " + type_name(b) + ", not bytes of 16",
-                    "KeyTypeError");
-    }
-    if (bn == 16) std::memcpy(out[i].block.bytes, bp, 16);
-    if (has_bv) PyBuffer_Release(&bv);
-    if (bn != 16)
-      raise_invalid("keys[" + std::to_string(i) + "]: the block is " + std::to_string(bn) + " bytes, not 16",
-                    "KeyTypeError");
-    // An int, or anything with __index__ (a numpy integer); not a bool or a float.
-    if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr()))
-      raise_invalid("keys[" + std::to_string(i) + "]: the shard is a " + type_name(s) + ", not an int", "KeyTypeError");
-    py::object si = py::reinterpret_steal<py::object>(PyNumber_Index(s.ptr()));
-    if (!si) throw py::error_already_set();
-    const long long sv = PyLong_AsLongLong(si.ptr());
-    if (PyErr_Occurred() || sv < 0 || sv > UINT32_MAX) {
-      PyErr_Clear();
-      raise_class("InvalidArgumentError", UCM_ERR_OUT_OF_RANGE,
-                  "keys[" + std::to_string(i) + "]: shard " + std::string(py::str(s)) + " is not in [0, 2^32)");
-    }
-    out[i].shard = static_cast<uint32_t>(sv);
+    parse_key_block(k[py::int_(0)], i, out[i].block.bytes);
+    out[i].shard = parse_key_shard(k[py::int_(1)], i);
     out[i].reserved = 0;
   }
   return out;
@@ -230,6 +240,85 @@ const Field* find(const std::string& name) {
   return nullptr;
 }
 
+// A keyword's value being set: its name, the Python value, and "name=repr"
+// for the messages.
+struct Setting {
+  const std::string& name;
+  py::handle v;
+  std::string bad;
+};
+
+int64_t as_int(const Setting& st, int64_t lo, int64_t hi) {
+  if (!PyLong_Check(st.v.ptr())) raise_invalid(st.bad + ": " + st.name + " is an int", "ConfigError");
+  const long long x = PyLong_AsLongLong(st.v.ptr());
+  if (PyErr_Occurred() || x < lo || x > hi)
+    PyErr_Clear(), raise_invalid(st.bad + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                                 "ConfigError");
+  return x;
+}
+
+// An int, or a size string like "16K" (as ucm_config_init reads a UCM_* size).
+uint64_t as_size(const Setting& st) {
+  uint64_t x = 0;
+  if (PyUnicode_Check(st.v.ptr())) {
+    if (!parse_size(st.v.cast<std::string>(), &x))
+      raise_invalid(st.bad + " is not a size (digits with an optional K, M, G or T)", "ConfigError");
+    return x;
+  }
+  if (!PyLong_Check(st.v.ptr()) || PyBool_Check(st.v.ptr()))
+    raise_invalid(st.bad + ": " + st.name + " is an int or a size string like '16K'", "ConfigError");
+  const unsigned long long u = PyLong_AsUnsignedLongLong(st.v.ptr());
+  if (PyErr_Occurred()) PyErr_Clear(), raise_invalid(st.bad + " is not a size", "ConfigError");
+  return u;
+}
+
+// One of the field's names, or its index.
+int32_t as_enum(const Setting& st, const Field& f) {
+  int32_t x = -1;
+  if (PyUnicode_Check(st.v.ptr())) {
+    const std::string s = st.v.cast<std::string>();
+    for (size_t i = 0; i < f.names.size(); ++i)
+      if (s == f.names[i]) x = static_cast<int32_t>(i);
+  } else if (PyLong_Check(st.v.ptr()) && !PyBool_Check(st.v.ptr())) {
+    const long long i = PyLong_AsLongLong(st.v.ptr());
+    if (!PyErr_Occurred() && i >= 0 && i < static_cast<long long>(f.names.size())) x = static_cast<int32_t>(i);
+    PyErr_Clear();
+  }
+  if (x < 0) {
+    std::string names;
+    for (const char* n : f.names) {
+      if (!names.empty()) names += '|';
+      names += n;
+    }
+    raise_invalid(st.bad + " is not one of " + names, "ConfigError");
+  }
+  return x;
+}
+
+int32_t as_device(const Setting& st) {
+  if (PyUnicode_Check(st.v.ptr()) && st.v.cast<std::string>() == "auto") return UCM_DEVICE_AUTO;
+  if (PyLong_Check(st.v.ptr()) && !PyBool_Check(st.v.ptr()))
+    return static_cast<int32_t>(as_int(st, -1000000, INT32_MAX));
+  raise_invalid(st.bad + ": device_id is an int or 'auto'", "ConfigError");
+}
+
+// x, already checked for T's range, into the field at p.
+template <typename T, typename V>
+void store_as(char* p, V x) {
+  const T v = static_cast<T>(x);
+  std::memcpy(p, &v, sizeof(T));
+}
+
+void store_string(const Setting& st, char* p, size_t cap) {
+  if (!PyUnicode_Check(st.v.ptr())) raise_invalid(st.bad + ": " + st.name + " is a str", "ConfigError");
+  const std::string s = st.v.cast<std::string>();
+  if (s.size() >= cap || s.find('\0') != std::string::npos)
+    raise_invalid(st.name + " is " + std::to_string(s.size()) + " characters; at most " + std::to_string(cap - 1),
+                  "ConfigError");
+  std::memset(p, 0, cap);
+  std::memcpy(p, s.data(), s.size());
+}
+
 }  // namespace
 
 Config::Config() {
@@ -244,79 +333,14 @@ void Config::set(const std::string& name, py::handle v) {
                       known_fields() + ")",
                   "ConfigError");
   char* p = reinterpret_cast<char*>(&c_) + f->offset;
-  const std::string bad = name + "=" + std::string(py::repr(v));
-  auto as_int = [&](int64_t lo, int64_t hi) -> int64_t {
-    if (!PyLong_Check(v.ptr())) raise_invalid(bad + ": " + name + " is an int", "ConfigError");
-    const long long x = PyLong_AsLongLong(v.ptr());
-    if (PyErr_Occurred() || x < lo || x > hi)
-      PyErr_Clear(), raise_invalid(bad + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
-                                   "ConfigError");
-    return x;
-  };
+  const Setting st{name, v, name + "=" + std::string(py::repr(v))};
   switch (f->kind) {
-    case Kind::kU32: {
-      const uint32_t x = static_cast<uint32_t>(as_int(0, UINT32_MAX));
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case Kind::kI32: {
-      const int32_t x = static_cast<int32_t>(as_int(INT32_MIN, INT32_MAX));
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case Kind::kSize: {
-      uint64_t x = 0;
-      if (PyUnicode_Check(v.ptr())) {
-        if (!parse_size(v.cast<std::string>(), &x))
-          raise_invalid(bad + " is not a size (digits with an optional K, M, G or T)", "ConfigError");
-      } else {
-        if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
-          raise_invalid(bad + ": " + name + " is an int or a size string like '16K'", "ConfigError");
-        const unsigned long long u = PyLong_AsUnsignedLongLong(v.ptr());
-        if (PyErr_Occurred()) PyErr_Clear(), raise_invalid(bad + " is not a size", "ConfigError");
-        x = u;
-      }
-      std::memcpy(p, &x, 8);
-      break;
-    }
-    case Kind::kEnum: {
-      int32_t x = -1;
-      if (PyUnicode_Check(v.ptr())) {
-        const std::string s = v.cast<std::string>();
-        for (size_t i = 0; i < f->names.size(); ++i)
-          if (s == f->names[i]) x = static_cast<int32_t>(i);
-      } else if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
-        const long long i = PyLong_AsLongLong(v.ptr());
-        if (!PyErr_Occurred() && i >= 0 && i < static_cast<long long>(f->names.size())) x = static_cast<int32_t>(i);
-        PyErr_Clear();
-      }
-      if (x < 0) {
-        std::string names;
-        for (const char* n : f->names) names += (names.empty() ? "" : "|") + std::string(n);
-        raise_invalid(bad + " is not one of " + names, "ConfigError");
-      }
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case Kind::kDevice: {
-      int32_t x;
-      if (PyUnicode_Check(v.ptr()) && v.cast<std::string>() == "auto") x = UCM_DEVICE_AUTO;
-      else if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) x = static_cast<int32_t>(as_int(-1000000, INT32_MAX));
-      else raise_invalid(bad + ": device_id is an int or 'auto'", "ConfigError");
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case Kind::kString: {
-      if (!PyUnicode_Check(v.ptr())) raise_invalid(bad + ": " + name + " is a str", "ConfigError");
-      const std::string s = v.cast<std::string>();
-      if (s.size() >= sizeof(c_.backend) || s.find('\0') != std::string::npos)
-        raise_invalid(name + " is " + std::to_string(s.size()) + " characters; at most " +
-                          std::to_string(sizeof(c_.backend) - 1),
-                      "ConfigError");
-      std::memset(p, 0, sizeof(c_.backend));
-      std::memcpy(p, s.data(), s.size());
-      break;
-    }
+    case Kind::kU32: store_as<uint32_t>(p, as_int(st, 0, UINT32_MAX)); break;
+    case Kind::kI32: store_as<int32_t>(p, as_int(st, INT32_MIN, INT32_MAX)); break;
+    case Kind::kSize: store_as<uint64_t>(p, as_size(st)); break;
+    case Kind::kEnum: store_as<int32_t>(p, as_enum(st, *f)); break;
+    case Kind::kDevice: store_as<int32_t>(p, as_device(st)); break;
+    case Kind::kString: store_string(st, p, sizeof(c_.backend)); break;
   }
 }
 

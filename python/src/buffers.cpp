@@ -116,109 +116,133 @@ Region acquire_cai(py::handle obj, bool writable, const What& what, Holder* h) {
   return Region{p, static_cast<uint64_t>(n)};
 }
 
+// The buffer protocol: PyBUF_SIMPLE is the cheapest request (no shape,
+// strides or format), and the exporter refuses it unless the memory is
+// contiguous. On a refusal, ask again in full to say why.
+Region acquire_view(py::handle obj, bool writable, const What& what, Holder* h) {
+  PyObject* o = obj.ptr();
+  Py_buffer v;
+  if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    if (PyObject_GetBuffer(o, &v, PyBUF_FULL_RO) != 0) {
+      py::error_already_set e;
+      raise_invalid(what + ": its buffer cannot be read: " + std::string(py::str(e.value())));
+    }
+  }
+  h->set_view(v);  // released by h from here on
+  if (writable && v.readonly)
+    raise_invalid(what + " (" + type_name(obj) + ") is read-only: a destination must be writable",
+                  "ReadOnlyBufferError");
+  if (!PyBuffer_IsContiguous(&v, 'C'))
+    raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
+  return Region{reinterpret_cast<uintptr_t>(v.buf), static_cast<uint64_t>(v.len)};
+}
+
+bool is_ptr_pair(PyObject* o) {
+  return PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2 && PyLong_Check(PyTuple_GET_ITEM(o, 0)) &&
+         PyLong_Check(PyTuple_GET_ITEM(o, 1));
+}
+
+Region acquire_ptr_pair(PyObject* o, const What& what) {
+  const uintptr_t p = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(o, 0));
+  if (PyErr_Occurred()) PyErr_Clear(), raise_invalid(what + ": the pointer of (ptr, nbytes) is not a valid address");
+  const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 1));
+  if (PyErr_Occurred() || n < 0) PyErr_Clear(), raise_invalid(what + ": nbytes of (ptr, nbytes) is not a size");
+  if (p == 0) raise_class("InvalidArgumentError", UCM_ERR_NULL_POINTER, what + ": (ptr, nbytes) with a NULL ptr");
+  return Region{p, static_cast<uint64_t>(n)};
+}
+
+// __cuda_array_interface__, with a malformed one an InvalidArgumentError.
+Region acquire_cai_checked(py::handle obj, bool writable, const What& what, Holder* h) {
+  try {
+    return acquire_cai(obj, writable, what, h);
+  } catch (py::cast_error&) {
+    raise_invalid(what + ": its __cuda_array_interface__ is malformed (data, shape, typestr, strides, stream)");
+  } catch (py::error_already_set& e) {
+    if (error_classes().contains("UcmError") && e.matches(error_classes()["UcmError"])) throw;  // ours
+    if (e.matches(PyExc_KeyError) || e.matches(PyExc_TypeError) || e.matches(PyExc_ValueError))
+      raise_invalid(what + ": its __cuda_array_interface__ is malformed: " + std::string(py::str(e.value())));
+    throw;
+  }
+}
+
+// Calls obj.__dlpack__: a CUDA producer is asked for the legacy default
+// stream (synchronized once the tensor is known), DLPack 1.0 first, then a
+// producer from before 1.0.
+py::object dlpack_capsule(py::handle obj, [[maybe_unused]] const What& what) {
+  int32_t dev_type = kDLCPU;
+  if (py::hasattr(obj, "__dlpack_device__")) dev_type = py::tuple(obj.attr("__dlpack_device__")())[0].cast<int32_t>();
+  py::dict kw;
+  if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged) {
+#if UCM_PY_HAVE_CUDA
+    kw["stream"] = 1;
+#else
+    raise_result(UCM_ERR_UNSUPPORTED, what + ": a CUDA __dlpack__ buffer, but this module was built without CUDA");
+#endif
+  }
+  try {
+    py::dict kw1 = kw;
+    kw1["max_version"] = py::make_tuple(1, 0);
+    return obj.attr("__dlpack__")(**kw1);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    return obj.attr("__dlpack__")(**kw);
+  }
+}
+
+// The tensor in a DLPack capsule, which from here on the holder owns.
+DLTensor* dlpack_tensor(py::handle obj, py::object& cap, bool writable, const What& what, Holder* h) {
+  if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
+    auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), "dltensor_versioned"));
+    PyCapsule_SetName(cap.ptr(), "used_dltensor_versioned");
+    h->set_dlv(m);
+    if (writable && (m->flags & kDLFlagReadOnly))
+      raise_invalid(what + " (" + type_name(obj) + ") is read-only (DLPack): a destination must be writable",
+                    "ReadOnlyBufferError");
+    return &m->dl_tensor;
+  }
+  if (PyCapsule_IsValid(cap.ptr(), "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
+    PyCapsule_SetName(cap.ptr(), "used_dltensor");
+    h->set_dl(m);
+    return &m->dl_tensor;
+  }
+  raise_invalid(what + ": __dlpack__ returned no DLPack capsule");
+}
+
+Region acquire_dlpack(py::handle obj, bool writable, const What& what, Holder* h) {
+  py::object cap = dlpack_capsule(obj, what);
+  DLTensor* t = dlpack_tensor(obj, cap, writable, what, h);
+  if (t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged) {
+#if UCM_PY_HAVE_CUDA
+    sync_cuda_stream(reinterpret_cast<uintptr_t>(cudaStreamLegacy), what);
+#endif
+  } else if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
+    raise_result(UCM_ERR_UNSUPPORTED, what + ": DLPack device type " + std::to_string(t->device.device_type) +
+                                          " (only CPU and CUDA memory)");
+  }
+  const int64_t item = (int64_t{t->dtype.bits} * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
+  std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+  int64_t n = item;
+  for (int64_t d : shape) n *= d;
+  if (t->strides) {
+    std::vector<int64_t> st(t->strides, t->strides + t->ndim);
+    for (auto& s : st) s *= item;  // DLPack strides count elements
+    if (!c_contiguous(shape, st, item))
+      raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
+  }
+  h->set_ref(obj.ptr());
+  return Region{reinterpret_cast<uintptr_t>(t->data) + t->byte_offset, static_cast<uint64_t>(n)};
+}
+
 }  // namespace
 
 Region acquire(py::handle obj, bool writable, const What& what, Holder* h) {
   PyObject* o = obj.ptr();
-  if (PyObject_CheckBuffer(o)) {
-    Py_buffer v;
-    // PyBUF_SIMPLE: the cheapest request (no shape, strides or format), and
-    // the exporter refuses it unless the memory is contiguous. On a refusal,
-    // ask again in full to say why.
-    if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) != 0) {
-      PyErr_Clear();
-      if (PyObject_GetBuffer(o, &v, PyBUF_FULL_RO) != 0) {
-        py::error_already_set e;
-        raise_invalid(what + ": its buffer cannot be read: " + std::string(py::str(e.value())));
-      }
-    }
-    h->set_view(v);  // released by h from here on
-    if (writable && v.readonly)
-      raise_invalid(what + " (" + type_name(obj) + ") is read-only: a destination must be writable",
-                    "ReadOnlyBufferError");
-    if (!PyBuffer_IsContiguous(&v, 'C'))
-      raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
-    return Region{reinterpret_cast<uintptr_t>(v.buf), static_cast<uint64_t>(v.len)};
-  }
-  if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2 && PyLong_Check(PyTuple_GET_ITEM(o, 0)) &&
-      PyLong_Check(PyTuple_GET_ITEM(o, 1))) {
-    const uintptr_t p = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(o, 0));
-    if (PyErr_Occurred()) PyErr_Clear(), raise_invalid(what + ": the pointer of (ptr, nbytes) is not a valid address");
-    const long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 1));
-    if (PyErr_Occurred() || n < 0) PyErr_Clear(), raise_invalid(what + ": nbytes of (ptr, nbytes) is not a size");
-    if (p == 0) raise_class("InvalidArgumentError", UCM_ERR_NULL_POINTER, what + ": (ptr, nbytes) with a NULL ptr");
-    return Region{p, static_cast<uint64_t>(n)};
-  }
-  if (py::hasattr(obj, "__cuda_array_interface__")) {
-    try {
-      return acquire_cai(obj, writable, what, h);
-    } catch (py::cast_error&) {
-      raise_invalid(what + ": its __cuda_array_interface__ is malformed (data, shape, typestr, strides, stream)");
-    } catch (py::error_already_set& e) {
-      if (error_classes().contains("UcmError") && e.matches(error_classes()["UcmError"])) throw;  // ours
-      if (e.matches(PyExc_KeyError) || e.matches(PyExc_TypeError) || e.matches(PyExc_ValueError))
-        raise_invalid(what + ": its __cuda_array_interface__ is malformed: " + std::string(py::str(e.value())));
-      throw;
-    }
-  }
-  if (py::hasattr(obj, "__dlpack__")) {
-    int32_t dev_type = kDLCPU;
-    if (py::hasattr(obj, "__dlpack_device__")) dev_type = py::tuple(obj.attr("__dlpack_device__")())[0].cast<int32_t>();
-    py::object cap;
-    py::dict kw;
-    if (dev_type == kDLCUDA || dev_type == kDLCUDAManaged) {
-#if UCM_PY_HAVE_CUDA
-      kw["stream"] = 1;  // the legacy default stream, synchronized below
-#else
-      raise_result(UCM_ERR_UNSUPPORTED, what + ": a CUDA __dlpack__ buffer, but this module was built without CUDA");
-#endif
-    }
-    try {
-      py::dict kw1 = kw;
-      kw1["max_version"] = py::make_tuple(1, 0);
-      cap = obj.attr("__dlpack__")(**kw1);
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_TypeError)) throw;
-      cap = obj.attr("__dlpack__")(**kw);  // a producer of DLPack before 1.0
-    }
-    DLTensor* t = nullptr;
-    if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
-      auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), "dltensor_versioned"));
-      PyCapsule_SetName(cap.ptr(), "used_dltensor_versioned");
-      h->set_dlv(m);
-      if (writable && (m->flags & kDLFlagReadOnly))
-        raise_invalid(what + " (" + type_name(obj) + ") is read-only (DLPack): a destination must be writable",
-                      "ReadOnlyBufferError");
-      t = &m->dl_tensor;
-    } else if (PyCapsule_IsValid(cap.ptr(), "dltensor")) {
-      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
-      PyCapsule_SetName(cap.ptr(), "used_dltensor");
-      h->set_dl(m);
-      t = &m->dl_tensor;
-    } else {
-      raise_invalid(what + ": __dlpack__ returned no DLPack capsule");
-    }
-    if (t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged) {
-#if UCM_PY_HAVE_CUDA
-      sync_cuda_stream(reinterpret_cast<uintptr_t>(cudaStreamLegacy), what);
-#endif
-    } else if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
-      raise_result(UCM_ERR_UNSUPPORTED, what + ": DLPack device type " + std::to_string(t->device.device_type) +
-                                            " (only CPU and CUDA memory)");
-    }
-    const int64_t item = (int64_t{t->dtype.bits} * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
-    std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
-    int64_t n = item;
-    for (int64_t d : shape) n *= d;
-    if (t->strides) {
-      std::vector<int64_t> st(t->strides, t->strides + t->ndim);
-      for (auto& s : st) s *= item;  // DLPack strides count elements
-      if (!c_contiguous(shape, st, item))
-        raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
-    }
-    h->set_ref(o);
-    return Region{reinterpret_cast<uintptr_t>(t->data) + t->byte_offset, static_cast<uint64_t>(n)};
-  }
+  if (PyObject_CheckBuffer(o)) return acquire_view(obj, writable, what, h);
+  if (is_ptr_pair(o)) return acquire_ptr_pair(o, what);
+  if (py::hasattr(obj, "__cuda_array_interface__")) return acquire_cai_checked(obj, writable, what, h);
+  if (py::hasattr(obj, "__dlpack__")) return acquire_dlpack(obj, writable, what, h);
   raise_invalid(what + " is a " + type_name(obj) +
                     ": a buffer must support the buffer protocol, __dlpack__ or __cuda_array_interface__, "
                     "or be (ptr, nbytes)",

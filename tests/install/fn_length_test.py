@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""No function in lib/ is over 60 lines (signature line through closing brace).
+"""No function in lib/ or python/src/ is over 60 lines (signature line through closing brace).
 
 The project's rule (docs/design.md, section 3), as a build fact: every
 function definition under lib/ (.cpp and .h) is found and measured from the
@@ -19,7 +19,7 @@ braced member initializers are stepped over), anything else (an aggregate
 initializer, an enum) is skipped. A function body is skipped by brace
 matching, so the lambdas and local classes inside it count toward it.
 
-usage: fn_length_test.py SOURCE_ROOT [MAX]   scan SOURCE_ROOT/lib
+usage: fn_length_test.py SOURCE_ROOT [MAX]   scan SOURCE_ROOT/lib and SOURCE_ROOT/python/src
        fn_length_test.py --self-test          the scanner's own cases
 """
 import os
@@ -27,6 +27,8 @@ import re
 import sys
 
 MAX_LINES = 60
+# The library and the Python module's C++ (the same rule for both).
+SCANNED = ("lib", os.path.join("python", "src"))
 _QUALIFIERS = {"const", "noexcept", "override", "final", "volatile", "mutable", "try"}
 _CLASS_KEYS = {"class", "struct", "union"}
 _ACCESS = {"public", "private", "protected"}
@@ -416,7 +418,11 @@ def main(argv):
         print(__doc__)
         return 2
     max_lines = int(argv[2]) if len(argv) > 2 else MAX_LINES
-    over, errors = scan_tree(os.path.join(argv[1], "lib"), max_lines)
+    over, errors = [], []
+    for d in SCANNED:
+        o, e = scan_tree(os.path.join(argv[1], d), max_lines)
+        over += o
+        errors += e
     for e in errors:
         print("fn_length_test: FAIL: " + e)
     for o in over:
