@@ -139,6 +139,7 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
       if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;  // [A2][R5]
       if (word_has_waiters(w)) wake_word(word);
       const bool was_prealloc = s == State::kIdle;
+      if (protect_) guard_stamp_task(c, i, task_ordinal_.load(std::memory_order_relaxed));
       mark_accessed(c, i);
       bump_shared(ctr_->takeovers);
       if (was_prealloc) {
@@ -190,8 +191,7 @@ bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
     return false;
   }
   mark_accessed(c, i);
-  if (protect_) guard_take(c, opts_.rank, i);
-  *slot = i;
+  *slot = i;  // taken (protect.h) by pin_all_ready once the whole batch is pinned
   return true;
 }
 
@@ -211,6 +211,10 @@ void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
     __builtin_prefetch(&c.accessed(h));
     if (protect_) __builtin_prefetch(&c.guard(h));
   }
+}
+
+void CacheBuffer::take_all(const uint32_t* slots, size_t n) {
+  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i]);
 }
 
 void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
@@ -306,6 +310,7 @@ void CacheBuffer::own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicte
   // line (and its page's translation) in while we finish the bookkeeping.
   __builtin_prefetch(data_->at(v), 1, 3);
   install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);  // T1 [R1]: Idle, ours, with the hold
+  if (protect_) guard_stamp_task(c, v, task_ordinal_.load(std::memory_order_relaxed));
   shared_unlock(&c.bucket(b).lock);
   note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
   bump(ctr_->owner_misses);
@@ -502,6 +507,7 @@ bool CacheBuffer::try_take_over(uint32_t slot, uint32_t observed, bool replace_c
                                     std::memory_order_acq_rel))
     return false;
   if (word_has_waiters(w)) wake_word(word);
+  if (protect_) guard_stamp_task(*ctrl_, slot, task_ordinal_.load(std::memory_order_relaxed));
   if (s == State::kIdle) note_serving(*ctrl_, opts_.rank);  // an unowned slot is served from now on
   bump_shared(ctr_->takeovers);
   return true;

@@ -92,10 +92,17 @@ class CacheBuffer {
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
 
   [[nodiscard]] Result get(const Key& k, GetResult* out);
+  // The ordinal of the load task this rank's gets serve from now on: an Owner
+  // answer stamps it into the slot's guard (ctrl/protect.h), so the slot
+  // waits only for copiers not past that task. The load queue's dispatcher
+  // sets it before each load task; a thread that gets for a task already
+  // dispatched (the copier's retries) stamps a later one, which only waits
+  // longer. 0 until set.
+  void set_task_ordinal(uint32_t ordinal) { task_ordinal_.store(ordinal, std::memory_order_relaxed); }
   // A hit or nothing, for a batch (the load queue's inline path,
   // queue/load_queue.cpp run_inline): when every key_at(0..n) is resident
-  // and Ready, pins each, marks it accessed and taken (ctrl/protect.h) as
-  // get()'s hit does, and returns true with slots[0..n) filled (n
+  // and Ready, pins each, marks it accessed and, once all are pinned, taken
+  // (ctrl/protect.h) as get()'s hit does, and returns true with slots[0..n) filled (n
   // references: release_ready_pins() them). The caller counts the hits
   // (RankCounters.hits) once it uses them. Anything else for any key
   // (absent, being filled, Failed, Corrupt, claimed by an evictor, a corrupt
@@ -115,6 +122,10 @@ class CacheBuffer {
       unpin_ready(slots, i);
       return false;
     }
+    // Taken only now: a batch that gives up copied nothing, and a take it had
+    // recorded would let peers evict a shard this rank still has to copy
+    // (ctrl/protect.h). The pins keep every slot until then.
+    if (protect_) take_all(slots, n);
     tally(static_cast<int64_t>(n));
     return true;
   }
@@ -263,6 +274,7 @@ class CacheBuffer {
   // pin_all_ready()'s pin of k, in bucket b, without the reference count
   // (its caller counts); unpin_ready() drops such pins, uncounted.
   bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
+  void take_all(const uint32_t* slots, size_t n);  // pin_all_ready's takes (ctrl/protect.h)
   void unpin_ready(const uint32_t* slots, size_t n);
   // pin_all_ready()'s prefetch: buckets[0..n)'s heads, then their records.
   void prefetch_records(const uint32_t* buckets, size_t n) const;
@@ -289,6 +301,7 @@ class CacheBuffer {
   RankCounters* ctr_;
   int32_t pid_;
   bool protect_;  // the node protects loaded shards (ctrl/protect.h): read once, at construction
+  std::atomic<uint32_t> task_ordinal_{0};  // set_task_ordinal
   TouchHook touch_hook_ = nullptr;
   void* touch_ctx_ = nullptr;
   // references_held(): one cell per thread that used this object (a deque:

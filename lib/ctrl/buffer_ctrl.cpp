@@ -509,6 +509,7 @@ Result BufferCtrl::join(uint32_t r) {
   rec.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
   rec.pid.store(self.pid, std::memory_order_release);
   rec.generation.fetch_add(1, std::memory_order_relaxed);
+  rec.tasks_passed.store(0, std::memory_order_relaxed);  // a new queue numbers its tasks from 0 (protect.h)
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
   return Result::kOk;
 }
@@ -533,6 +534,7 @@ Result BufferCtrl::adopt_dead_record(uint32_t r) {
 void BufferCtrl::finish_join(uint32_t r) {
   RankRecord& rec = rank(r);
   rec.generation.fetch_add(1, std::memory_order_relaxed);
+  rec.tasks_passed.store(0, std::memory_order_relaxed);  // a new queue numbers its tasks from 0 (protect.h)
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
 }
 

@@ -8,6 +8,8 @@
 //
 //   bits 0-15   taken: ranks that have taken the slot (hit or waiter) since its key was installed
 //   bit 16      armed: a load (not a dump) made this residency Ready
+//   bit 17      hinted: a prealloc's stamp (below)
+//   bits 18-31  task: the ordinal (mod 2^14) of the owner's load task that made this residency
 //   bits 32-63  arm time, CLOCK_MONOTONIC milliseconds (low 32 bits; compared modulo 2^32)
 //
 // Who writes it:
@@ -32,6 +34,24 @@
 // held for longer than the grace, and no rank holds anything once it is
 // out of the copier mask: leave() and the reaper of a dead rank clear its
 // bit, and get() reaps dead ranks before it answers NoSpace.
+//
+// Which copiers it waits for: ucm_load_task is node-collective, so every
+// rank's n-th load task asks for the same keys. Each rank's queue numbers its
+// load tasks in submission order and publishes in its RankRecord how many it
+// has finished dispatching (tasks_passed: every entry taken as a hit or a
+// waiter, loaded, or failed). The owner stamps the residency with the ordinal
+// k of the task it serves (guard_stamp_task, when the get answers Owner), and
+// a copier whose tasks_passed is past k has asked for every key of task k
+// already: it took an earlier residency of this key, or loaded its own, and
+// will never take this one. So a slot waits only for copiers not past its
+// task. Without that, a shard the lagging rank had to load again (its peers
+// copied an earlier residency long ago) waited the whole grace for peers that
+// never come back, and such reloads pinned the cache into a no-space storm
+// (issue 15, goal 1: the drift bench at a lag equal to the cache). Ordinals
+// compare modulo 2^14 (task_passed); a rank more than 2^13 tasks behind or
+// ahead of a stamp counts as not past it, which only waits longer (at most the
+// grace). Direct CacheBuffer users (no queue) stamp 0 and publish nothing:
+// every copier is waited for, as before ordinals.
 //
 // Dumps do not arm: a dumped key may be one no peer ever asks for. A grace of
 // 0 turns protection off (nothing arms, the hit path sets no bits).
@@ -75,11 +95,22 @@ namespace ucm {
 constexpr uint64_t kGuardTakenMask = 0xffffull;
 constexpr uint64_t kGuardArmed = 1ull << 16;
 constexpr uint64_t kGuardHinted = 1ull << 17;
+constexpr uint32_t kGuardTaskShift = 18;
+constexpr uint64_t kGuardTaskMask = 0x3fffull << kGuardTaskShift;
+constexpr uint32_t kGuardTaskModulo = 1u << 14;
 constexpr uint32_t kGuardTimeShift = 32;
 
 inline uint32_t guard_taken(uint64_t g) { return static_cast<uint32_t>(g & kGuardTakenMask); }
 inline bool guard_armed(uint64_t g) { return (g & kGuardArmed) != 0; }
 inline uint32_t guard_time_ms(uint64_t g) { return static_cast<uint32_t>(g >> kGuardTimeShift); }
+inline uint32_t guard_task(uint64_t g) { return static_cast<uint32_t>((g & kGuardTaskMask) >> kGuardTaskShift); }
+
+// Whether a rank that has finished dispatching `passed` load tasks is past
+// task ordinal `task` (a 14-bit stamp): passed - task in [1, 2^13) mod 2^14.
+inline bool task_passed(uint32_t passed, uint32_t task) {
+  const uint32_t d = (passed - task) & (kGuardTaskModulo - 1);
+  return d != 0 && d < kGuardTaskModulo / 2;
+}
 
 // The clock of the arm time and the grace: CLOCK_MONOTONIC in ms, truncated.
 inline uint32_t protect_now_ms() { return static_cast<uint32_t>(now_ns() / 1000000ull); }
@@ -91,12 +122,24 @@ inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i) {
   if (!(g.load(std::memory_order_relaxed) & bit)) g.fetch_or(bit, std::memory_order_relaxed);
 }
 
-// The owner r of a load arms slot i just before making it Ready.
+// The new owner of slot i (a miss that installed it, a takeover) serves load
+// task `ordinal`: its stamp replaces the task bits and keeps the rest (waiters
+// may be adding their taken bits).
+inline void guard_stamp_task(const BufferCtrl& c, uint32_t i, uint32_t ordinal) {
+  std::atomic<uint64_t>& g = c.guard(i);
+  const uint64_t task = (uint64_t{ordinal} << kGuardTaskShift) & kGuardTaskMask;
+  uint64_t v = g.load(std::memory_order_relaxed);
+  while (!g.compare_exchange_weak(v, (v & ~kGuardTaskMask) | task, std::memory_order_relaxed)) {
+  }
+}
+
+// The owner r of a load arms slot i just before making it Ready (the task
+// stamp and the taken bits stay).
 inline void guard_arm(const BufferCtrl& c, uint32_t r, uint32_t i) {
   std::atomic<uint64_t>& g = c.guard(i);
   const uint64_t stamp = (uint64_t{protect_now_ms()} << kGuardTimeShift) | kGuardArmed | (1ull << r);
   uint64_t v = g.load(std::memory_order_relaxed);
-  while (!g.compare_exchange_weak(v, stamp | (v & kGuardTakenMask), std::memory_order_relaxed)) {
+  while (!g.compare_exchange_weak(v, stamp | (v & (kGuardTakenMask | kGuardTaskMask)), std::memory_order_relaxed)) {
   }
 }
 
@@ -106,6 +149,8 @@ struct ProtectView {
   uint32_t copiers = 0;
   uint32_t now_ms = 0;
   bool have_now = false;
+  uint32_t have_passed = 0;            // bit r: passed[r] was read
+  uint32_t passed[kMaxRanks] = {};     // RankRecord.tasks_passed, read once per sweep
 };
 
 inline ProtectView protect_view(const BufferCtrl& c) {
@@ -125,14 +170,30 @@ inline bool within_grace(uint64_t g, ProtectView* v) {
   return v->now_ms - guard_time_ms(g) < v->grace_ms;
 }
 
-// Whether claimed slot i must stay: armed, keyed, a copier has not taken it,
-// and its grace is still running. Called after claim_slot().
+// The copiers that have not taken the residency of guard word g and are not
+// past its task (a stale tasks_passed is smaller: it only waits longer).
+inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
+  uint32_t owed = v->copiers & ~guard_taken(g);
+  for (uint32_t m = owed; m != 0; m &= m - 1) {
+    const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
+    if (r >= kMaxRanks) break;
+    if (!(v->have_passed & (1u << r))) {
+      v->passed[r] = c.rank(r).tasks_passed.load(std::memory_order_acquire);
+      v->have_passed |= 1u << r;
+    }
+    if (task_passed(v->passed[r], guard_task(g))) owed &= ~(1u << r);
+  }
+  return owed;
+}
+
+// Whether claimed slot i must stay: armed, keyed, a copier not past its task
+// has not taken it, and its grace is still running. Called after claim_slot().
 inline bool slot_protected(const BufferCtrl& c, uint32_t i, ProtectView* v) {
   if (v->grace_ms == 0 || v->copiers == 0) return false;
   const uint64_t g = c.guard(i).load(std::memory_order_acquire);
   if (!guard_armed(g) || (v->copiers & ~guard_taken(g)) == 0) return false;
   if (c.slot(i).shard.load(std::memory_order_relaxed) == kEmptyShard) return false;
-  return within_grace(g, v);
+  return within_grace(g, v) && copiers_owed(c, g, v) != 0;
 }
 
 // Prealloc installed slot i (Idle, unowned) and still holds its bucket's lock.

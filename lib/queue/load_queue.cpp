@@ -101,6 +101,10 @@ Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
   if (stopping_) return fail(Result::kFinalized, "the cache is being finalized");
   if (pending_.size() >= opts_.pending_limit)
     return fail(Result::kBusy, "%zu tasks already wait for this rank's dispatcher (the limit)", pending_.size());
+  if (t->kind() == TaskKind::kLoad) {
+    t->set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
+    undispatched_loads_.fetch_add(1, std::memory_order_seq_cst);
+  }
   pending_.push_back(t);
   queued_tasks_.fetch_add(1, std::memory_order_relaxed);
   pending_cv_.notify_one();
@@ -115,6 +119,7 @@ bool LoadQueue::run_inline(Task& t) {
   // Not a hit: the whole task goes to the dispatcher, which gets every key
   // again (and counts its hits then).
   if (!cache_->pin_all_ready(n, key_at, slots.data())) return false;
+  t.set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
   add(ctr_->tasks, 1);
   add(ctr_->shards, n);
   add(ctr_->inline_hits, n);  // not RankCounters.hits: see counters.h
@@ -126,8 +131,38 @@ bool LoadQueue::run_inline(Task& t) {
   cache_->release_ready_pins(slots.data(), n);
   add(ctr_->bytes_to_device, bytes * n);
   add(ctr_->inline_tasks, 1);
+  pass_inline(t.ordinal());                // every key of it taken: before the caller can see it done
   t.entries_ok(static_cast<uint32_t>(n));  // records the latency (record_done), then marks it done
   return true;
+}
+
+// Dispatch is FIFO, so a queued load task whose dispatch ended has every
+// older queued one behind it. An inline task may finish while an older
+// queued one is still dispatching: it counts once nothing older is queued
+// (its own check, or the dispatcher's when the queue drains: seq_cst on both
+// sides, so one of them sees the other). Passed is never published early; a
+// late one only makes peers wait longer (at most the grace).
+void LoadQueue::pass_queued(uint32_t ordinal) {
+  publish_passed(ordinal + 1);
+  if (undispatched_loads_.fetch_sub(1, std::memory_order_seq_cst) == 1)
+    publish_passed(inline_through_.load(std::memory_order_seq_cst));
+}
+
+void LoadQueue::pass_inline(uint32_t ordinal) {
+  uint32_t seen = inline_through_.load(std::memory_order_relaxed);
+  while (static_cast<int32_t>(ordinal + 1 - seen) > 0 &&
+         !inline_through_.compare_exchange_weak(seen, ordinal + 1, std::memory_order_seq_cst)) {
+  }
+  if (undispatched_loads_.load(std::memory_order_seq_cst) == 0) publish_passed(ordinal + 1);
+}
+
+// A CAS max modulo 2^32: tasks_passed only moves forward.
+void LoadQueue::publish_passed(uint32_t through) {
+  std::atomic<uint32_t>& p = cache_->ctrl().rank(opts_.local_rank).tasks_passed;
+  uint32_t cur = p.load(std::memory_order_relaxed);
+  while (static_cast<int32_t>(through - cur) > 0 &&
+         !p.compare_exchange_weak(cur, through, std::memory_order_release, std::memory_order_relaxed)) {
+  }
 }
 
 void LoadQueue::record_done(const Task& t) {
@@ -178,10 +213,13 @@ void LoadQueue::dispatcher_main() {
         lk.unlock();
         for (uint32_t i = 0; i < t->entries().size(); ++i)
           t->entry_failed(i, Result::kFinalized, "the cache was finalized before the task ran");
+        if (t->kind() == TaskKind::kLoad) pass_queued(t->ordinal());
         continue;
       }
     }
+    if (t->kind() == TaskKind::kLoad) cache_->set_task_ordinal(t->ordinal());
     dispatch(t);
+    if (t->kind() == TaskKind::kLoad) pass_queued(t->ordinal());
   }
 }
 

@@ -166,6 +166,11 @@ class LoadQueue {
 
   // The inline path: true when t was copied and finished here.
   bool run_inline(Task& t);
+  // tasks_passed in this rank's RankRecord (ctrl/protect.h): a queued load
+  // task whose dispatch ended, an inline one that completed.
+  void pass_queued(uint32_t ordinal);
+  void pass_inline(uint32_t ordinal);
+  void publish_passed(uint32_t through);
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);
@@ -293,6 +298,11 @@ class LoadQueue {
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
   std::atomic<uint64_t> handoffs_{0};
   std::atomic<uint64_t> queued_tasks_{0};
+  // Load task ordinals and tasks_passed (ctrl/protect.h): the next ordinal;
+  // load tasks queued and not yet dispatched; 1 + the newest inline task's.
+  std::atomic<uint32_t> next_ordinal_{0};
+  std::atomic<uint32_t> undispatched_loads_{0};
+  std::atomic<uint32_t> inline_through_{0};
   bool inline_ = false;  // const after construction
   std::atomic<uint64_t> defer_sleeps_{0}, defer_wakes_{0}, defer_cpu_ns_{0}, defer_wall_ns_{0};
   // The store's words for each slot whose load this rank found corrupt.

@@ -50,6 +50,10 @@ class Task {
   Task(uint64_t id, TaskKind kind, std::vector<TaskEntry> entries, uint64_t deadline_ns, uint64_t submit_ns);
 
   uint64_t id() const { return id_; }
+  // A load task's place among its rank's load tasks (LoadQueue numbers them
+  // in the order it accepts them; ctrl/protect.h says what peers make of it).
+  uint32_t ordinal() const { return ordinal_; }
+  void set_ordinal(uint32_t o) { ordinal_ = o; }
   TaskKind kind() const { return kind_; }
   const std::vector<TaskEntry>& entries() const { return entries_; }
   uint64_t submit_ns() const { return submit_ns_; }
@@ -94,6 +98,7 @@ class Task {
   const std::vector<TaskEntry> entries_;
   const uint64_t submit_ns_;
   const uint64_t deadline_ns_;
+  uint32_t ordinal_ = 0;  // set before the task is queued or run; read by the thread that runs it
   std::atomic<uint32_t> remaining_;
   std::atomic<uint64_t> done_ns_{0};
   mutable std::atomic<uint32_t> done_word_{0};

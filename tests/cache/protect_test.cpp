@@ -55,8 +55,29 @@ class Protect : public ::testing::Test {
     ASSERT_EQ(g.kind, GetKind::kHit);
     cb->release(g.slot);
   }
+  Result next_after(uint32_t stamp, uint32_t passed);
+  // Rank 1's load queue over a sim store (no latency), inline hits on.
+  void start_queue() {
+    SimOptions so;
+    so.latency_us = 0;
+    BackendContext ctx;
+    ctx.shard_bytes = 256;
+    ctx.shards_per_block = 4;
+    ASSERT_EQ(SimBackend::create(so, ctx, &store_), Result::kOk) << last_error();
+    engine_ = make_host_engine(0);
+    QueueOptions q;
+    q.local_rank = 1;
+    q.local_size = 2;
+    q.prealloc = false;
+    q.inline_hits = true;
+    queue_ = std::make_unique<LoadQueue>(r1_.get(), store_.get(), engine_.get(), Placement{}, q);
+    ASSERT_EQ(queue_->start(), Result::kOk) << last_error();
+  }
   TestCache tc_;
   std::unique_ptr<CacheBuffer> r0_, r1_;
+  std::unique_ptr<SimBackend> store_;
+  std::unique_ptr<CopyEngine> engine_;
+  std::unique_ptr<LoadQueue> queue_;
 };
 
 TEST_F(Protect, ALoadedShardStaysUntilEveryCopierHasTakenIt) {
@@ -86,22 +107,12 @@ TEST_F(Protect, ALoadedShardStaysUntilEveryCopierHasTakenIt) {
 // as its copier would, so that slot, and only it, may go.
 TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
+  // Loaded for a later task than rank 1's first (its inline task is its task
+  // 0): passing task 0 frees nothing of task 5, only the take does.
+  r0_->set_task_ordinal(5);
   const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
-  SimOptions so;
-  so.latency_us = 0;
-  BackendContext ctx;
-  ctx.shard_bytes = 256;
-  ctx.shards_per_block = 4;
-  std::unique_ptr<SimBackend> store;
-  ASSERT_EQ(SimBackend::create(so, ctx, &store), Result::kOk) << last_error();
-  std::unique_ptr<CopyEngine> engine = make_host_engine(0);
-  QueueOptions q;
-  q.local_rank = 1;
-  q.local_size = 2;
-  q.prealloc = false;
-  q.inline_hits = true;
-  LoadQueue queue(r1_.get(), store.get(), engine.get(), Placement{}, q);
-  ASSERT_EQ(queue.start(), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(start_queue());
+  LoadQueue& queue = *queue_;
   std::vector<uint8_t> dst(256, 0xee);
   std::memset(tc_.data.at(slots[1]), 0x11, 256);
   std::vector<TaskEntry> es(1);
@@ -125,6 +136,66 @@ TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   r0_->release(o.slot);
   queue.stop();
   for (uint64_t b : {10, 12, 13}) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b)) << "key " << b << " was kept for rank 1";
+}
+
+// Rank 1's queue numbers its load tasks and publishes how many it has
+// finished dispatching, through the dispatcher and through the inline path,
+// and its loads carry the ordinal of their task.
+TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  ASSERT_NO_FATAL_FAILURE(start_queue());
+  const std::atomic<uint32_t>& passed = tc_.ctrl.rank(1).tasks_passed;
+  std::vector<uint8_t> dst(256);
+  auto run = [&](uint64_t b, uint32_t through) {
+    std::vector<TaskEntry> es(1);
+    es[0].key = key(b, 0);
+    es[0].dst = dst.data();
+    auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+    ASSERT_EQ(queue_->submit(t), Result::kOk) << last_error();
+    ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+    ASSERT_EQ(t->result(), Result::kOk) << t->error();
+    // Published when the dispatch ends, which may be just after the copy.
+    const uint64_t until = deadline_after_ms(20000);
+    while (passed.load() != through && now_ns() < until) usleep(100);
+    EXPECT_EQ(passed.load(), through) << "after the task of key " << b;
+  };
+  ASSERT_NO_FATAL_FAILURE(run(300, 1));  // a miss: the dispatcher loads it as task 0
+  ASSERT_NO_FATAL_FAILURE(run(300, 2));  // all hits: inline, task 1
+  EXPECT_EQ(queue_counters(tc_.ctrl.rank(1)).inline_tasks.load(), 1u);
+  ASSERT_NO_FATAL_FAILURE(run(301, 3));  // task 2
+  for (uint64_t b : {300, 301}) {
+    GetResult g;
+    ASSERT_EQ(r0_->get(key(b, 0), &g), Result::kOk);
+    ASSERT_EQ(g.kind, GetKind::kHit);
+    EXPECT_EQ(guard_task(tc_.ctrl.guard(g.slot).load()), b == 300 ? 0u : 2u) << "key " << b;
+    r0_->release(g.slot);
+  }
+  queue_->stop();
+}
+
+// The inline path's look at a task that is not all hits (one key still being
+// loaded) drops its pins and hands the task to the dispatcher: it has copied
+// nothing, so it must not have taken anything. A take recorded there let the
+// fast ranks evict the shard before this rank's dispatcher came for it, and
+// this rank's reload then waited the whole grace (the drift bench's no-space
+// storms at a lag equal to the cache).
+TEST_F(Protect, AnInlineLookThatFindsAMissTakesNothing) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> ready = load(r0_.get(), 10, 2);
+  GetResult loading;
+  ASSERT_EQ(r0_->get(key(12, 0), &loading), Result::kOk);
+  ASSERT_EQ(loading.kind, GetKind::kOwner);
+  const Key keys[] = {key(10, 0), key(11, 0), key(12, 0)};
+  uint32_t slots[3];
+  EXPECT_FALSE(r1_->pin_all_ready(3, [&](size_t i) -> const Key& { return keys[i]; }, slots));
+  EXPECT_EQ(r1_->references_held(), 0);
+  for (uint32_t s : ready) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 1u) << "slot " << s << ": rank 1 took it";
+  ASSERT_EQ(r0_->mark_ready(loading.slot), Result::kOk);
+  r0_->release(loading.slot);
+  // All hits now: the takes are recorded, once the whole batch is pinned.
+  ASSERT_TRUE(r1_->pin_all_ready(3, [&](size_t i) -> const Key& { return keys[i]; }, slots));
+  for (uint32_t s : slots) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 3u) << "slot " << s;
+  r1_->release_ready_pins(slots, 3);
 }
 
 TEST_F(Protect, AWaiterTakesTheSlotBeforeItIsReady) {
@@ -179,6 +250,71 @@ TEST_F(Protect, LeaveDropsTheRanksBit) {
   GetResult g;
   ASSERT_EQ(r0_->get(key(95, 0), &g), Result::kOk) << last_error();
   r0_->release(g.slot);
+}
+
+// Rank 0 loads the whole cache for load task `stamp` while rank 1 has
+// finished dispatching `passed` load tasks; then rank 0 asks for one more key.
+// What get() answered: kOk when the cache let a slot go, kNoSpace when every
+// slot still waits for rank 1.
+Result Protect::next_after(uint32_t stamp, uint32_t passed) {
+  r0_.reset();
+  r1_.reset();
+  tc_ = TestCache();
+  open(kNever);
+  r0_->set_task_ordinal(stamp);
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  for (uint32_t s : slots) EXPECT_EQ(guard_task(tc_.ctrl.guard(s).load()), stamp % kGuardTaskModulo);
+  tc_.ctrl.rank(1).tasks_passed.store(passed);
+  GetResult o;
+  const Result r = r0_->get(key(99, 0), &o);
+  if (r == Result::kOk) {
+    EXPECT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+    r0_->release(o.slot);
+  }
+  return r;
+}
+
+// The lagging rank's reload: its peers copied an earlier residency of these
+// keys and are past the task, so nobody will take this one. It must not wait
+// the grace for them (that made the drift bench's no-space storms).
+TEST_F(Protect, AShardWaitsOnlyForCopiersNotPastItsTask) {
+  EXPECT_EQ(next_after(0, 1), Result::kOk) << "rank 1 has asked for every key of task 0 already";
+  EXPECT_EQ(next_after(5, 9), Result::kOk) << "rank 1 is 4 tasks past task 5";
+  EXPECT_EQ(next_after(3, 3), Result::kNoSpace) << "rank 1 has not finished dispatching task 3";
+  EXPECT_EQ(next_after(3, 0), Result::kNoSpace) << "rank 1 is 3 tasks behind";
+  EXPECT_EQ(next_after(0, 0), Result::kNoSpace) << "no ordinals at all: every copier is waited for";
+}
+
+// The stamp is 14 bits: ordinals compare modulo 2^14, and a rank half the
+// range or more away counts as not past (it waits longer, never shorter).
+TEST_F(Protect, TaskOrdinalsCompareAcrossTheStampsWrap) {
+  EXPECT_EQ(next_after(kGuardTaskModulo - 1, kGuardTaskModulo), Result::kOk) << "one past, across the wrap";
+  EXPECT_EQ(next_after(kGuardTaskModulo + 2, 3 * kGuardTaskModulo + 4), Result::kOk) << "2 past, several wraps on";
+  EXPECT_EQ(next_after(7, 7 + kGuardTaskModulo / 2), Result::kNoSpace) << "half the range away";
+  EXPECT_EQ(next_after(7, 7 + kGuardTaskModulo), Result::kNoSpace) << "a whole range away reads as at the task";
+  EXPECT_TRUE(task_passed(1, 0));
+  EXPECT_FALSE(task_passed(0, 0));
+  EXPECT_FALSE(task_passed(0, 1));
+}
+
+// A takeover (here of a preallocated slot) stamps its task as a miss does,
+// and the arm keeps the stamp.
+TEST_F(Protect, ATakeoverStampsItsTaskAndTheArmKeepsIt) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  PreallocOutcome out;
+  ASSERT_EQ(r0_->prealloc(key(200, 0), &out), Result::kOk) << last_error();
+  r0_->set_task_ordinal(42);
+  GetResult g;
+  ASSERT_EQ(r0_->get(key(200, 0), &g), Result::kOk) << last_error();
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  ASSERT_TRUE(g.took_prealloc);
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(g.slot).load()), 42u);
+  ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+  r0_->release(g.slot);
+  const uint64_t armed = tc_.ctrl.guard(g.slot).load();
+  EXPECT_TRUE(guard_armed(armed));
+  EXPECT_EQ(guard_task(armed), 42u);
+  EXPECT_EQ(guard_taken(armed), 1u);
 }
 
 TEST_F(Protect, TheGraceBoundsIt) {

@@ -39,6 +39,17 @@ struct Rank : test::QueuePath {
     open_alone(128, std::move(p), kWaitMs);
   }
   const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
+  // Until the queue's threads are done with the first `n` load tasks: the
+  // dispatcher has finished dispatching them (tasks_passed) and the copier
+  // has dropped their pins. A task is done when its copies are, which can be
+  // just before the copier releases the last pin.
+  void settle(uint32_t n) const {
+    const uint64_t until = deadline_after_ms(kWaitMs);
+    while ((planes.ctrl.rank(0).tasks_passed.load() != n || cache->references_held() != 0) && now_ns() < until)
+      std::this_thread::yield();
+    ASSERT_EQ(planes.ctrl.rank(0).tasks_passed.load(), n) << "the dispatcher never finished task " << n - 1;
+    ASSERT_EQ(cache->references_held(), 0) << "the queue kept a reference after its tasks were done";
+  }
   // Every hit of this rank: the cache's get() (RankCounters) and the inline path's.
   uint64_t hits() const { return planes.ctrl.rank(0).counters.hits.load() + ctr().inline_hits.load(); }
 };
@@ -75,6 +86,7 @@ TEST(Inline, AnAllHitTaskIsDoneWhenSubmitReturnsWithoutTheDispatcher) {
   Job cold(100, 64);
   ASSERT_EQ(r.queue->submit(cold.task), Result::kOk) << last_error();
   ASSERT_NO_FATAL_FAILURE(cold.finish());  // misses: the queue's way
+  ASSERT_NO_FATAL_FAILURE(r.settle(1));
   EXPECT_EQ(r.queue->queued_tasks(), 1u);
   EXPECT_EQ(r.ctr().inline_tasks.load(), 0u);
 
