@@ -157,9 +157,10 @@ void Cache::log_device_and_placement() const {
 Result Cache::open_rank() {
   Result r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank), deadline_after_ms(config_.timeout_ms));
   joined_ = ok(r);
+  std::vector<std::pair<void*, uint64_t>> segs;  // the data plane: the engine's and the store's to register
+  for (size_t s = 0; data_.valid() && s < data_.segment_count(); ++s)
+    segs.emplace_back(data_.segment_base(s), data_.segment_map_bytes(s));
   if (ok(r) && engine_ && data_.valid()) {
-    std::vector<std::pair<void*, uint64_t>> segs;
-    for (size_t s = 0; s < data_.segment_count(); ++s) segs.emplace_back(data_.segment_base(s), data_.segment_map_bytes(s));
     Registration reg;
     r = register_segments(engine_.get(), segs, kRegisterThreads, &reg);
     registered_ = std::move(reg.registered);
@@ -177,6 +178,7 @@ Result Cache::open_rank() {
     bctx.shards_per_block = config_.shards_per_block;
     bctx.node_state = store_state_.base();
     bctx.node_state_bytes = store_state_.bytes();
+    bctx.buffers = std::move(segs);
     r = make_backend(config_.backend, bctx, &backend_);
   }
   if (ok(r)) {

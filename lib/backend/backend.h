@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/key.h"
 #include "common/result.h"
@@ -55,6 +57,11 @@ struct BackendContext {
   // outside a node (one process), where a store that needs some makes its own.
   void* node_state = nullptr;
   uint64_t node_state_bytes = 0;
+  // The memory loads will land in (the cache's data-plane segments: base,
+  // bytes), which a store may register with the kernel once instead of
+  // having each read pin its pages; a load elsewhere still works. Empty:
+  // none known (a store made by a test or a tool).
+  std::vector<std::pair<void*, uint64_t>> buffers{};
 };
 
 struct BackendCounters {

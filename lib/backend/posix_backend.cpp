@@ -324,10 +324,10 @@ void PosixBackend::log_occupancy() {
     UCM_DEBUG(kBackend,
               "posix store at %s: %" PRIu64 " loads on %u I/O %s, %.2f in flight on average as one started, %" PRIu64
               " at full depth, %" PRIu64 " leaving nothing queued, %" PRIu64 " dry spells (nothing queued or in flight), "
-              "%.1f system calls per load",
+              "%.1f system calls per load, %" PRIu64 " fixed reads (into registered buffers)",
               opts_.dir.c_str(), o.loads, opts_.depth, ring_ ? "slots of one io_uring" : "threads",
               double(o.busy_sum) / double(o.loads), o.at_full_depth, o.queue_empty, o.dry_spells,
-              double(o.syscalls) / double(o.loads));
+              double(o.syscalls) / double(o.loads), o.fixed_reads);
 }
 
 // Left behind are the threads inside a request at the deadline (in the
@@ -413,6 +413,7 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
   std::lock_guard<std::mutex> g(mu_);
   Occupancy o = occ_;
   o.syscalls = load_syscalls_.load(std::memory_order_relaxed);
+  o.fixed_reads = fixed_reads_.load(std::memory_order_relaxed);
   return o;
 }
 

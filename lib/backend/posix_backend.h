@@ -132,6 +132,7 @@ class PosixBackend final : public Backend {
     uint64_t queue_empty = 0;      // started leaving nothing queued behind them
     uint64_t dry_spells = 0;       // the store went from a load in flight to none, nothing queued
     uint64_t syscalls = 0;         // system calls made for loads (open, fstat, reads, fcntl, close)
+    uint64_t fixed_reads = 0;      // loads read by the ring into a registered buffer (BackendContext::buffers)
   };
   Occupancy occupancy();
 
@@ -192,6 +193,7 @@ class PosixBackend final : public Backend {
   uint32_t busy_loads_ = 0;  // under mu_: loads on an I/O thread now
   Occupancy occ_;            // under mu_, but for occ_.syscalls
   std::atomic<uint64_t> load_syscalls_{0};
+  std::atomic<uint64_t> fixed_reads_{0};  // Occupancy::fixed_reads
   std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;

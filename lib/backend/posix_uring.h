@@ -11,6 +11,13 @@
 // always queued in the ring; a submitter writes it only when the thread said
 // (under mu_) that it is about to wait with room for more.
 //
+// Direct reads into the memory the store was told loads land in
+// (BackendContext::buffers: the cache's data plane) are READ_FIXED: that
+// memory is registered with the ring once at create(), in chunks of at most
+// 1 GiB (fixed_buffers.h), so the kernel pins no page per read. A read whose
+// destination no one chunk holds, and every buffered read, is a plain read;
+// a registration the kernel refuses is warned once and leaves them all plain.
+//
 // A direct read the file system refuses (EINVAL) is redone buffered on the
 // same request (direct_fallback) and direct I/O stops for the store, as on the
 // threads; a short read is continued where it stopped, and a read that ends
@@ -30,6 +37,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/fixed_buffers.h"
 #include "backend/posix_backend.h"
 
 struct io_uring;
@@ -56,6 +64,7 @@ class PosixRing {
  private:
   struct Read;
   PosixRing(PosixBackend* store, uint32_t depth);
+  void register_buffers();
   void main();
   void start_queued();
   bool prepare(IoRequest* req, Read* rd, bool nothing_queued);
@@ -69,6 +78,7 @@ class PosixRing {
   PosixBackend* const store_;
   const uint32_t depth_;
   std::unique_ptr<io_uring> ring_;
+  FixedBuffers fixed_;  // registered with ring_ (empty: none); set before the thread starts
   int bell_fd_ = -1;
   uint64_t bell_buf_ = 0;
   std::mutex mu_;

@@ -7,6 +7,7 @@
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -23,9 +24,11 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/fixed_buffers.h"
 #include "backend/posix_backend.h"
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
+#include "common/log_capture.h"
 #include "ucm_build_config.h"
 
 namespace ucm::test {
@@ -42,10 +45,12 @@ std::string default_engine() {
 }
 
 std::unique_ptr<PosixBackend> make_posix(const std::string& dir, uint64_t shard_bytes, uint32_t shards,
-                                         std::string extra = "") {
+                                         std::string extra = "",
+                                         std::vector<std::pair<void*, uint64_t>> buffers = {}) {
   BackendContext c;
   c.shard_bytes = shard_bytes;
   c.shards_per_block = shards;
+  c.buffers = std::move(buffers);
   if (extra.find("engine=") == std::string::npos) extra += default_engine();
   std::unique_ptr<Backend> b;
   const Result r = make_backend("posix:" + dir + extra, c, &b);
@@ -306,6 +311,209 @@ TEST(PosixBackend, UringEngineLoadsOnOneThreadAtMostDepthInTheKernel) {
   EXPECT_LE(o.syscalls, 16u * 5u + 16u + 17u) << "and one io_uring_enter per completion, read or bell, at most";
   EXPECT_EQ(b->counters().loads, 16u);
   EXPECT_EQ(b->counters().inflight_loads, 0u);
+}
+
+// ---- registered buffers (engine=uring) ---------------------------------------
+
+// Anonymous memory for a store to register, unmapped at the end.
+struct Mapped {
+  uint8_t* p = nullptr;
+  uint64_t bytes = 0;
+  explicit Mapped(uint64_t n, int prot = PROT_READ | PROT_WRITE) : bytes(n) {
+    void* m = mmap(nullptr, n, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) ADD_FAILURE() << "mmap of " << n << " bytes: " << strerror(errno);
+    else p = static_cast<uint8_t*>(m);
+  }
+  ~Mapped() {
+    if (p != nullptr) munmap(p, bytes);
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+};
+
+// Empty where engine=uring works here; else why not (a skip's reason).
+std::string no_ring_here() {
+  if (!UCM_HAVE_URING) return "built without io_uring (meson -Dio_uring)";
+  TempDir dir;
+  BackendContext c{4096, 1};
+  std::unique_ptr<Backend> probe;
+  const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
+  return made == Result::kUnsupported ? "the kernel refuses io_uring here: " + last_error() : "";
+}
+
+// A directory on a disk that takes O_DIRECT, for the registered-buffer
+// tests: only direct reads pin their destination pages, so only they are
+// fixed reads. Empty: none here (*why says what was seen).
+std::string fixed_read_base(std::string* why) {
+  std::string types;
+  const std::string base = direct_base(&types);
+  if (base.empty()) *why = "no disk file system here accepts O_DIRECT:" + types;
+  return base;
+}
+
+// Loads shard i % 4 of block first + i / 4 into dest[i], all submitted
+// before any is waited for, and checks each came back whole.
+void load_into(PosixBackend* b, uint64_t first, const std::vector<uint8_t*>& dest, uint64_t bytes) {
+  Batch batch;
+  std::vector<Op> ops(dest.size());
+  for (size_t i = 0; i < dest.size(); ++i) {
+    std::memset(dest[i], 0, bytes);
+    prepare(&ops[i], &batch, key(first + i / 4, static_cast<uint32_t>(i % 4)), dest[i], bytes);
+    b->load(&ops[i].req);
+  }
+  ASSERT_TRUE(batch.wait(dest.size()));
+  for (size_t i = 0; i < dest.size(); ++i) {
+    ASSERT_EQ(res(ops[i].req.result), res(Result::kOk)) << i << ": " << ops[i].req.error;
+    EXPECT_EQ(sim_verify(ops[i].req.key, dest[i], bytes), bytes) << "load " << i << " into " << (void*)dest[i];
+  }
+}
+
+// Every direct load into the registered memory is a READ_FIXED (the kernel
+// pins no page for it) and brings the shard's bytes.
+TEST(PosixBackend, DirectLoadsIntoRegisteredBuffersAreFixedReads) {
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  std::string why;
+  const std::string base = fixed_read_base(&why);
+  if (base.empty()) GTEST_SKIP() << why;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 8192;
+  Mapped plane(16 * kBytes);
+  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, plane.bytes}});
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1, 2, 3, 4}, 4, kBytes);
+  std::vector<uint8_t*> dest;
+  for (int i = 0; i < 16; ++i) dest.push_back(plane.p + i * kBytes);
+  load_into(b.get(), 1, dest, kBytes);
+  const PosixBackend::Occupancy o = b->occupancy();
+  EXPECT_EQ(o.loads, 16u);
+  EXPECT_EQ(o.fixed_reads, 16u) << "every destination lies in the registered region";
+  EXPECT_TRUE(b->direct_io()) << "no direct fixed read was refused";
+}
+
+// A buffered read pins no page (the kernel copies out of the page cache),
+// and writes through the mapping, so a data plane fenced off after a stuck
+// shutdown (buffer_data.h fence_off) still stops it: a load the store reads
+// buffered (3000 bytes: no direct length) stays a plain read.
+TEST(PosixBackend, BufferedLoadsIntoRegisteredBuffersStayPlainReads) {
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  std::string why;
+  const std::string base = fixed_read_base(&why);
+  if (base.empty()) GTEST_SKIP() << why;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 3000;
+  Mapped plane(4 * kBytes);
+  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, plane.bytes}});
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1}, 4, kBytes);
+  load_into(b.get(), 1, {plane.p, plane.p + kBytes, plane.p + 2 * kBytes, plane.p + 3 * kBytes}, kBytes);
+  EXPECT_EQ(b->occupancy().loads, 4u);
+  EXPECT_EQ(b->occupancy().fixed_reads, 0u);
+}
+
+// A destination outside the registered memory, or only partly inside it,
+// is read with a plain read, and its bytes are as right.
+TEST(PosixBackend, ALoadOutsideTheRegisteredBuffersIsAPlainRead) {
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  std::string why;
+  const std::string base = fixed_read_base(&why);
+  if (base.empty()) GTEST_SKIP() << why;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 8192;
+  Mapped plane(3 * kBytes);  // the store is told of the first two shards' worth
+  AlignedBuf heap(kBytes);
+  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, 2 * kBytes}});
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1}, 4, kBytes);
+  load_into(b.get(), 1, {heap.get(), plane.p + kBytes + 4096, plane.p}, kBytes);
+  const PosixBackend::Occupancy o = b->occupancy();
+  EXPECT_EQ(o.loads, 3u);
+  EXPECT_EQ(o.fixed_reads, 1u) << "only the load wholly inside the registered region";
+  EXPECT_TRUE(b->direct_io());
+}
+
+// Two separate mappings are two registered buffers, given in any order:
+// loads into either are fixed reads into the right one.
+TEST(PosixBackend, LoadsIntoTwoRegisteredMappingsAreFixedReads) {
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  std::string why;
+  const std::string base = fixed_read_base(&why);
+  if (base.empty()) GTEST_SKIP() << why;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 8192;
+  Mapped a(8 * kBytes), b2(8 * kBytes);
+  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on",
+                      {{b2.p, b2.bytes}, {a.p, a.bytes}});
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1, 2, 3, 4}, 4, kBytes);
+  std::vector<uint8_t*> dest;
+  for (int i = 0; i < 8; ++i) dest.push_back(a.p + i * kBytes);
+  for (int i = 0; i < 8; ++i) dest.push_back(b2.p + (7 - i) * kBytes);
+  load_into(b.get(), 1, dest, kBytes);
+  EXPECT_EQ(b->occupancy().fixed_reads, 16u);
+}
+
+// Memory the kernel will not register (here: mapped PROT_NONE) is said once,
+// naming the errno, and the store reads as it did before: never a failed store.
+TEST(PosixBackend, ARegistrationTheKernelRefusesLeavesPlainReads) {
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  std::string why;
+  const std::string base = fixed_read_base(&why);
+  if (base.empty()) GTEST_SKIP() << why;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 8192;
+  Mapped refused(4 * kBytes, PROT_NONE);
+  std::unique_ptr<PosixBackend> b;
+  {
+    LogCapture logs;
+    b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{refused.p, refused.bytes}});
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(logs.warnings_with("io_uring_register_buffers"), 1u) << logs.first_lines();
+    EXPECT_EQ(logs.warnings_with("Bad address"), 1u) << logs.first_lines();
+  }
+  EXPECT_STREQ(b->load_engine(), "uring");
+  dump_blocks(b.get(), {1}, 4, kBytes);
+  expect_blocks(b.get(), {1}, 4, kBytes);
+  EXPECT_EQ(b->occupancy().fixed_reads, 0u);
+  EXPECT_TRUE(b->direct_io());
+}
+
+// The kernel takes at most 1 GiB in one registered buffer: a bigger region
+// is cut into chunks of at most that, sorted by address, and a read is
+// looked up in the one chunk that holds all of it.
+TEST(FixedBuffers, CutsRegionsIntoChunksAndFindsTheOneHoldingARead) {
+  auto* lo = reinterpret_cast<uint8_t*>(uintptr_t{0x1000});
+  auto* hi = reinterpret_cast<uint8_t*>(uintptr_t{0x100000});
+  const FixedBuffers t({{hi, 10000}, {lo, 100}, {lo + 200, 0}}, 4096);
+  ASSERT_EQ(t.iovecs().size(), 4u) << "the empty region is dropped";
+  EXPECT_EQ(t.iovecs()[0].iov_base, lo);
+  EXPECT_EQ(t.iovecs()[0].iov_len, 100u);
+  EXPECT_EQ(t.iovecs()[1].iov_base, hi);
+  EXPECT_EQ(t.iovecs()[2].iov_base, hi + 4096);
+  EXPECT_EQ(t.iovecs()[3].iov_base, hi + 8192);
+  EXPECT_EQ(t.iovecs()[3].iov_len, 10000u - 8192u);
+  EXPECT_EQ(t.find(lo, 100), 0);
+  EXPECT_EQ(t.find(lo + 1, 100), -1) << "past the end of its chunk";
+  EXPECT_EQ(t.find(lo - 1, 1), -1) << "below every chunk";
+  EXPECT_EQ(t.find(hi + 4000, 96), 1);
+  EXPECT_EQ(t.find(hi + 4000, 97), -1) << "across two chunks";
+  EXPECT_EQ(t.find(hi + 5000, 100), 2);
+  EXPECT_EQ(t.find(hi + 9000, 1000), 3);
+  EXPECT_EQ(t.find(hi + 9000, 1001), -1);
+  EXPECT_EQ(t.find(hi + 20000, 1), -1) << "above every chunk";
+  EXPECT_EQ(FixedBuffers().find(lo, 1), -1);
+  // The kernel's cap, on a region never touched: 2.5 GiB is three chunks.
+  const FixedBuffers big({{hi, 5 * (kMaxFixedChunk / 2)}});
+  ASSERT_EQ(big.iovecs().size(), 3u);
+  EXPECT_EQ(big.iovecs()[0].iov_len, kMaxFixedChunk);
+  EXPECT_EQ(big.iovecs()[1].iov_len, kMaxFixedChunk);
+  EXPECT_EQ(big.iovecs()[2].iov_len, kMaxFixedChunk / 2);
+  EXPECT_EQ(big.find(hi + kMaxFixedChunk - 4096, 4096), 0);
+  EXPECT_EQ(big.find(hi + kMaxFixedChunk - 4096, 8192), -1);
 }
 
 TEST(PosixBackend, EngineIsAutoThreadsOrUring) {
