@@ -20,6 +20,16 @@ want=$(printf '%s\n' $config_vars $log_vars | sort -u)
 have=$(grep -o '^\*UCM_[A-Z_]*\*' "$page7" | tr -d '*' | sort -u)
 [[ "$have" == "$want" ]] || fail "ucmcache.7 documents [$(echo $have)], the code reads [$(echo $want)]"
 
+# Every option a store's spec parser takes (k == "name" in its parse loop)
+# is documented in ucmcache.7 as *name=*.
+for store in posix sim; do
+  keys=$(grep -o 'k == "[a-z_]*"' "$src/lib/backend/${store}_backend.cpp" | sed 's/k == "\(.*\)"/\1/' | sort -u)
+  [[ -n "$keys" ]] || fail "no option found in the $store store's parser"
+  for k in $keys; do
+    grep -q -- "\*$k=\*" "$page7" || fail "ucmcache.7 does not document the $store store's option $k="
+  done
+done
+
 opts=$(env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK -u PMI_SIZE "$info" -h | grep -oE '(^| )--?[a-z]+' | tr -d ' ' | sort -u)
 [[ -n "$opts" ]] || fail "ucm_info -h lists no option"
 for o in $opts; do
