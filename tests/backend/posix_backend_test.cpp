@@ -341,15 +341,25 @@ std::string no_ring_here() {
   return made == Result::kUnsupported ? "the kernel refuses io_uring here: " + last_error() : "";
 }
 
-// A directory on a disk that takes O_DIRECT, for the registered-buffer
-// tests: only direct reads pin their destination pages, so only they are
-// fixed reads. Empty: none here (*why says what was seen).
-std::string fixed_read_base(std::string* why) {
-  std::string types;
-  const std::string base = direct_base(&types);
-  if (base.empty()) *why = "no disk file system here accepts O_DIRECT:" + types;
-  return base;
-}
+// The registered-buffer tests: io_uring and a directory on a disk that takes
+// O_DIRECT (only direct reads pin their destination pages, so only they are
+// fixed reads), or the test is skipped saying which is missing.
+class FixedReads : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+    std::string types;
+    const std::string base = direct_base(&types);
+    if (base.empty()) GTEST_SKIP() << "no disk file system here accepts O_DIRECT:" << types;
+    dir_ = std::make_unique<TempDir>(base);
+    ASSERT_TRUE(dir_->ok());
+  }
+  // A direct io_uring store over the directory, told of `buffers`.
+  std::unique_ptr<PosixBackend> make(uint64_t bytes, std::vector<std::pair<void*, uint64_t>> buffers) {
+    return make_posix(dir_->path, bytes, 4, ",depth=4,engine=uring,direct=on", std::move(buffers));
+  }
+  std::unique_ptr<TempDir> dir_;
+};
 
 // Loads shard i % 4 of block first + i / 4 into dest[i], all submitted
 // before any is waited for, and checks each came back whole.
@@ -370,16 +380,10 @@ void load_into(PosixBackend* b, uint64_t first, const std::vector<uint8_t*>& des
 
 // Every direct load into the registered memory is a READ_FIXED (the kernel
 // pins no page for it) and brings the shard's bytes.
-TEST(PosixBackend, DirectLoadsIntoRegisteredBuffersAreFixedReads) {
-  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
-  std::string why;
-  const std::string base = fixed_read_base(&why);
-  if (base.empty()) GTEST_SKIP() << why;
-  TempDir dir(base);
-  ASSERT_TRUE(dir.ok());
+TEST_F(FixedReads, DirectLoadsIntoRegisteredBuffersAreFixedReads) {
   constexpr uint64_t kBytes = 8192;
   Mapped plane(16 * kBytes);
-  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, plane.bytes}});
+  auto b = make(kBytes, {{plane.p, plane.bytes}});
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2, 3, 4}, 4, kBytes);
   std::vector<uint8_t*> dest;
@@ -395,16 +399,10 @@ TEST(PosixBackend, DirectLoadsIntoRegisteredBuffersAreFixedReads) {
 // and writes through the mapping, so a data plane fenced off after a stuck
 // shutdown (buffer_data.h fence_off) still stops it: a load the store reads
 // buffered (3000 bytes: no direct length) stays a plain read.
-TEST(PosixBackend, BufferedLoadsIntoRegisteredBuffersStayPlainReads) {
-  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
-  std::string why;
-  const std::string base = fixed_read_base(&why);
-  if (base.empty()) GTEST_SKIP() << why;
-  TempDir dir(base);
-  ASSERT_TRUE(dir.ok());
+TEST_F(FixedReads, BufferedLoadsIntoRegisteredBuffersStayPlainReads) {
   constexpr uint64_t kBytes = 3000;
   Mapped plane(4 * kBytes);
-  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, plane.bytes}});
+  auto b = make(kBytes, {{plane.p, plane.bytes}});
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1}, 4, kBytes);
   load_into(b.get(), 1, {plane.p, plane.p + kBytes, plane.p + 2 * kBytes, plane.p + 3 * kBytes}, kBytes);
@@ -414,17 +412,11 @@ TEST(PosixBackend, BufferedLoadsIntoRegisteredBuffersStayPlainReads) {
 
 // A destination outside the registered memory, or only partly inside it,
 // is read with a plain read, and its bytes are as right.
-TEST(PosixBackend, ALoadOutsideTheRegisteredBuffersIsAPlainRead) {
-  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
-  std::string why;
-  const std::string base = fixed_read_base(&why);
-  if (base.empty()) GTEST_SKIP() << why;
-  TempDir dir(base);
-  ASSERT_TRUE(dir.ok());
+TEST_F(FixedReads, ALoadOutsideTheRegisteredBuffersIsAPlainRead) {
   constexpr uint64_t kBytes = 8192;
   Mapped plane(3 * kBytes);  // the store is told of the first two shards' worth
   AlignedBuf heap(kBytes);
-  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{plane.p, 2 * kBytes}});
+  auto b = make(kBytes, {{plane.p, 2 * kBytes}});
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1}, 4, kBytes);
   load_into(b.get(), 1, {heap.get(), plane.p + kBytes + 4096, plane.p}, kBytes);
@@ -436,17 +428,10 @@ TEST(PosixBackend, ALoadOutsideTheRegisteredBuffersIsAPlainRead) {
 
 // Two separate mappings are two registered buffers, given in any order:
 // loads into either are fixed reads into the right one.
-TEST(PosixBackend, LoadsIntoTwoRegisteredMappingsAreFixedReads) {
-  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
-  std::string why;
-  const std::string base = fixed_read_base(&why);
-  if (base.empty()) GTEST_SKIP() << why;
-  TempDir dir(base);
-  ASSERT_TRUE(dir.ok());
+TEST_F(FixedReads, LoadsIntoTwoRegisteredMappingsAreFixedReads) {
   constexpr uint64_t kBytes = 8192;
   Mapped a(8 * kBytes), b2(8 * kBytes);
-  auto b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on",
-                      {{b2.p, b2.bytes}, {a.p, a.bytes}});
+  auto b = make(kBytes, {{b2.p, b2.bytes}, {a.p, a.bytes}});
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2, 3, 4}, 4, kBytes);
   std::vector<uint8_t*> dest;
@@ -458,19 +443,13 @@ TEST(PosixBackend, LoadsIntoTwoRegisteredMappingsAreFixedReads) {
 
 // Memory the kernel will not register (here: mapped PROT_NONE) is said once,
 // naming the errno, and the store reads as it did before: never a failed store.
-TEST(PosixBackend, ARegistrationTheKernelRefusesLeavesPlainReads) {
-  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
-  std::string why;
-  const std::string base = fixed_read_base(&why);
-  if (base.empty()) GTEST_SKIP() << why;
-  TempDir dir(base);
-  ASSERT_TRUE(dir.ok());
+TEST_F(FixedReads, ARegistrationTheKernelRefusesLeavesPlainReads) {
   constexpr uint64_t kBytes = 8192;
   Mapped refused(4 * kBytes, PROT_NONE);
   std::unique_ptr<PosixBackend> b;
   {
     LogCapture logs;
-    b = make_posix(dir.path, kBytes, 4, ",depth=4,engine=uring,direct=on", {{refused.p, refused.bytes}});
+    b = make(kBytes, {{refused.p, refused.bytes}});
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(logs.warnings_with("io_uring_register_buffers"), 1u) << logs.first_lines();
     EXPECT_EQ(logs.warnings_with("Bad address"), 1u) << logs.first_lines();
