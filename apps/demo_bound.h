@@ -165,43 +165,74 @@ std::vector<double> timed_passes(uint32_t threads, int passes, double min_second
   return rates;
 }
 
-inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chunk, uint32_t threads, int passes,
-                             uint64_t max_bytes, double min_seconds = 0) {
-  RawRead out;
-  out.threads = threads = std::max<uint32_t>(threads, 1);
-  chunk = (std::max<uint64_t>(chunk, 1) + 4095) & ~uint64_t{4095};
-  struct Piece {
-    int fd;
-    uint64_t off;
-  };
-  std::vector<int> fds;
-  std::vector<Piece> pieces;
-  auto close_all = [&] {
-    for (int fd : fds) close(fd);
-    fds.clear();
-  };
-  out.direct = true;
+// One chunk of a store file that a raw-read pass reads.
+struct RawPiece {
+  int fd;
+  uint64_t off;
+};
+
+// Opens `paths` (O_DIRECT while the file system takes it) and cuts them into
+// chunks, up to `max_bytes` in all: out's direct, files and bytes_per_pass.
+// False (out->error says why) on a file that does not open; the fds opened so
+// far are in `fds` either way, for the caller to close.
+inline bool raw_open_pieces(const std::vector<std::string>& paths, uint64_t chunk, uint64_t max_bytes, RawRead* out,
+                            std::vector<int>* fds, std::vector<RawPiece>* pieces) {
+  out->direct = true;
   for (const std::string& p : paths) {
-    if (out.bytes_per_pass >= max_bytes) break;
-    int fd = out.direct ? open(p.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
-    if (fd < 0 && out.direct && errno == EINVAL) out.direct = false;  // this file system takes no O_DIRECT
-    if (fd < 0 && !out.direct) fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (out->bytes_per_pass >= max_bytes) break;
+    int fd = out->direct ? open(p.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
+    if (fd < 0 && out->direct && errno == EINVAL) out->direct = false;  // this file system takes no O_DIRECT
+    if (fd < 0 && !out->direct) fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      out.error = "open " + p + ": " + std::strerror(errno);
-      close_all();
-      return out;
+      out->error = "open " + p + ": " + std::strerror(errno);
+      return false;
     }
     struct stat st {};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       close(fd);
       continue;
     }
-    fds.push_back(fd);
-    ++out.files;
-    for (uint64_t off = 0; off < static_cast<uint64_t>(st.st_size) && out.bytes_per_pass < max_bytes; off += chunk) {
-      pieces.push_back({fd, off});
-      out.bytes_per_pass += std::min<uint64_t>(chunk, static_cast<uint64_t>(st.st_size) - off);
+    fds->push_back(fd);
+    ++out->files;
+    for (uint64_t off = 0; off < static_cast<uint64_t>(st.st_size) && out->bytes_per_pass < max_bytes; off += chunk) {
+      pieces->push_back({fd, off});
+      out->bytes_per_pass += std::min<uint64_t>(chunk, static_cast<uint64_t>(st.st_size) - off);
     }
+  }
+  return true;
+}
+
+// raw_read_rate's result from its passes' rates and what went wrong in them.
+inline void raw_finish(std::vector<double> rates, bool direct_refused, int read_error, RawRead* out) {
+  if (direct_refused) out->direct = false;
+  if (read_error != 0) {
+    out->error = std::string("read: ") + std::strerror(read_error);
+    return;
+  }
+  if (rates.empty()) {
+    out->error = "no pass timed";
+    return;
+  }
+  out->passes = static_cast<int>(rates.size());
+  std::sort(rates.begin(), rates.end());
+  out->best_bytes_per_s = rates.back();
+  out->median_bytes_per_s = rates[rates.size() / 2];
+}
+
+inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chunk, uint32_t threads, int passes,
+                             uint64_t max_bytes, double min_seconds = 0) {
+  RawRead out;
+  out.threads = threads = std::max<uint32_t>(threads, 1);
+  chunk = (std::max<uint64_t>(chunk, 1) + 4095) & ~uint64_t{4095};
+  std::vector<int> fds;
+  std::vector<RawPiece> pieces;
+  auto close_all = [&] {
+    for (int fd : fds) close(fd);
+    fds.clear();
+  };
+  if (!raw_open_pieces(paths, chunk, max_bytes, &out, &fds, &pieces)) {
+    close_all();
+    return out;
   }
   if (pieces.empty()) {
     out.error = "no store files to read";
@@ -244,19 +275,7 @@ inline RawRead raw_read_rate(const std::vector<std::string>& paths, uint64_t chu
       threads, passes, min_seconds, work, reset, [&] { return got.load(); }, [&] { return read_error.load() != 0; });
   for (void* b : bufs) std::free(b);
   close_all();
-  if (direct_refused.load()) out.direct = false;
-  if (read_error.load() != 0) {
-    out.error = std::string("read: ") + std::strerror(read_error.load());
-    return out;
-  }
-  if (rates.empty()) {
-    out.error = "no pass timed";
-    return out;
-  }
-  out.passes = static_cast<int>(rates.size());
-  std::sort(rates.begin(), rates.end());
-  out.best_bytes_per_s = rates.back();
-  out.median_bytes_per_s = rates[rates.size() / 2];
+  raw_finish(std::move(rates), direct_refused.load(), read_error.load(), &out);
   return out;
 }
 
