@@ -140,13 +140,11 @@ struct Out {
   }
 };
 
-int print_node(const Options& o) {
-  const Out out{o.parsable};
-  char host[256] = {};
-  (void)gethostname(host, sizeof(host) - 1);
-  if (!o.parsable) std::printf("node %s\n", host);
-  else std::printf("node:host:%s\n", host);
+// The data plane's hugepage size (2 MiB).
+constexpr uint64_t kHuge = 2ull << 20;
 
+// The CPUs, NUMA nodes and GPUs, with the CPUs nearest each GPU.
+void print_topology(const Out& out) {
   const ucm::NodeView v = ucm::node_view();
   out.kv("cpus:online", std::to_string(v.online_cpus), "cpus online:");
   out.kv("cpus:allowed", v.allowed, "cpus allowed:");
@@ -174,7 +172,10 @@ int print_node(const Options& o) {
     out.kv(d + ":cpus", cpus.empty() ? "unknown" : cpus, "    nearest cpus:");
     out.kv(d + ":near", where, "    nearest object:");
   }
+}
 
+// Hugepages, the memory budget and what memfd allows.
+void print_memory(const Out& out) {
   const long long page_kb = meminfo("Hugepagesize");
   out.kv("hugepages:size_kb", std::to_string(page_kb), "hugepage size (kB):");
   out.kv("hugepages:total", std::to_string(meminfo("HugePages_Total")), "hugepages total:");
@@ -186,10 +187,11 @@ int print_node(const Options& o) {
   const int fd = memfd_create("ucm_info", MFD_CLOEXEC);
   out.kv("memfd", yes(fd >= 0), "memfd:");
   if (fd >= 0) close(fd);
-  constexpr uint64_t kHuge = 2ull << 20;
   out.kv("memfd_hugetlb", yes(ucm::hugepages_available(kHuge)), "memfd hugetlb (2 MiB):");
+}
 
-  // What init would do with the data plane in this environment (one per node).
+// What init would do with the data plane in this environment (one per node).
+int print_init_plan(const Out& out) {
   ucm_config_t cfg;
   if (ucm_config_init(&cfg) != UCM_OK) {
     out.kv("init:error", ucm_config_error(), "init would fail:");
@@ -209,7 +211,45 @@ int print_node(const Options& o) {
   return 0;
 }
 
+int print_node(const Options& o) {
+  const Out out{o.parsable};
+  char host[256] = {};
+  (void)gethostname(host, sizeof(host) - 1);
+  if (!o.parsable) std::printf("node %s\n", host);
+  else std::printf("node:host:%s\n", host);
+  print_topology(out);
+  print_memory(out);
+  return print_init_plan(out);
+}
+
 #if UCM_HAVE_MPI
+// The bootstrap view's line for one rank ("rank 0/4 host=... ").
+constexpr size_t kLineBytes = 2400;
+void info_line(const ucm_cache_info_t& info, char (&line)[kLineBytes]) {
+  const int used = std::snprintf(
+      line, sizeof(line),
+      "rank %d/%d host=%s node=%d/%d local_rank=%d local_size=%d device=%d engine=%s scheduler=%d "
+      "hugetlb=%d data_bytes=%llu segments=%u control_bytes=%llu control_inode=%llu slots=%u+%u "
+      "cuda=%s(%d visible) nccl=%s hwloc=%s bound=%d binding=\"%s\"",
+      info.rank, info.size, info.host, info.node_id, info.node_count, info.local_rank, info.local_size,
+      info.device_id, info.scheduler ? "none" : info.copy_engine, info.scheduler, info.hugetlb,
+      static_cast<unsigned long long>(info.data_bytes), info.segments,
+      static_cast<unsigned long long>(info.control_bytes), static_cast<unsigned long long>(info.control_inode),
+      info.regular_slots, info.reserved_slots, info.cuda_built ? "built" : "not-built", info.visible_devices,
+      info.nccl_built ? "built" : "not-built", info.hwloc_built ? "built" : "not-built", info.threads_bound,
+      info.binding);
+  if (used > 0 && static_cast<size_t>(used) < sizeof(line))
+    std::snprintf(line + used, sizeof(line) - static_cast<size_t>(used),
+                  " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\" pages=\"%s\" fanout=\"%s\"",
+                  info.register_seconds, info.register_threads,
+                  info.data_bytes ? info.register_seconds / (static_cast<double>(info.data_bytes) / (1 << 30)) : 0.0,
+                  info.device_choice, info.pages, info.fanout);
+  if (const size_t at = std::strlen(line); at < sizeof(line))
+    std::snprintf(line + at, sizeof(line) - at,
+                  " init=%.3fs populate=%.3fs(%u threads) numa=\"%s\" control_pages=\"%s\"", info.init_seconds,
+                  info.populate_seconds, info.populate_threads, info.numa, info.control_pages);
+}
+
 // Every rank builds the node-shared cache and prints one line about what it
 // got; lines come out in rank order through rank 0.
 int bootstrap_view(int rank, int size) {
@@ -237,29 +277,8 @@ int bootstrap_view(int rank, int size) {
     std::fprintf(stderr, "rank %d: ucm_cache_info: %s\n", rank, ucm_last_error(cache));
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  char line[2400];
-  const int used = std::snprintf(
-      line, sizeof(line),
-      "rank %d/%d host=%s node=%d/%d local_rank=%d local_size=%d device=%d engine=%s scheduler=%d "
-      "hugetlb=%d data_bytes=%llu segments=%u control_bytes=%llu control_inode=%llu slots=%u+%u "
-      "cuda=%s(%d visible) nccl=%s hwloc=%s bound=%d binding=\"%s\"",
-      info.rank, info.size, info.host, info.node_id, info.node_count, info.local_rank, info.local_size,
-      info.device_id, info.scheduler ? "none" : info.copy_engine, info.scheduler, info.hugetlb,
-      static_cast<unsigned long long>(info.data_bytes), info.segments,
-      static_cast<unsigned long long>(info.control_bytes), static_cast<unsigned long long>(info.control_inode),
-      info.regular_slots, info.reserved_slots, info.cuda_built ? "built" : "not-built", info.visible_devices,
-      info.nccl_built ? "built" : "not-built", info.hwloc_built ? "built" : "not-built", info.threads_bound,
-      info.binding);
-  if (used > 0 && static_cast<size_t>(used) < sizeof(line))
-    std::snprintf(line + used, sizeof(line) - static_cast<size_t>(used),
-                  " register=%.3fs(%u threads, %.3f s/GiB) device_choice=\"%s\" pages=\"%s\" fanout=\"%s\"",
-                  info.register_seconds, info.register_threads,
-                  info.data_bytes ? info.register_seconds / (static_cast<double>(info.data_bytes) / (1 << 30)) : 0.0,
-                  info.device_choice, info.pages, info.fanout);
-  if (const size_t at = std::strlen(line); at < sizeof(line))
-    std::snprintf(line + at, sizeof(line) - at,
-                  " init=%.3fs populate=%.3fs(%u threads) numa=\"%s\" control_pages=\"%s\"", info.init_seconds,
-                  info.populate_seconds, info.populate_threads, info.numa, info.control_pages);
+  char line[kLineBytes];
+  info_line(info, line);
   if (rank == 0) {
     std::printf("%s\n", line);
     for (int i = 1; i < size; ++i) {
@@ -277,27 +296,25 @@ int bootstrap_view(int rank, int size) {
 }
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
+// The command line into *o: -1 to go on, else the exit code (--help, a bad option).
+int parse_args(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--parsable") o.parsable = true;
+    if (a == "--parsable") o->parsable = true;
     else if (a == "-h" || a == "--help") return usage(stdout), 0;
-    else if (a == "--version") o.version = true;
-    else if (a == "--config") o.config = true;
-    else if (a == "--full") o.config = o.help_text = true;
-    else if (a == "--devices") o.node = true;
-    else if (a == "--bootstrap") o.bootstrap = true;
+    else if (a == "--version") o->version = true;
+    else if (a == "--config") o->config = true;
+    else if (a == "--full") o->config = o->help_text = true;
+    else if (a == "--devices") o->node = true;
+    else if (a == "--bootstrap") o->bootstrap = true;
     else if (a.size() >= 2 && a[0] == '-' && a[1] != '-') {
       for (size_t k = 1; k < a.size(); ++k) {
         switch (a[k]) {
-          case 'v': o.version = true; break;
-          case 'c': o.config = true; break;
-          case 'f': o.config = o.help_text = true; break;
-          case 'd': o.node = true; break;
-          case 'b': o.bootstrap = true; break;
+          case 'v': o->version = true; break;
+          case 'c': o->config = true; break;
+          case 'f': o->config = o->help_text = true; break;
+          case 'd': o->node = true; break;
+          case 'b': o->bootstrap = true; break;
           default:
             std::fprintf(stderr, "ucm_info: unknown option -%c in '%s'\n", a[k], a.c_str());
             usage(stderr);
@@ -310,6 +327,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_args(argc, argv, &o); rc >= 0) return rc;
   const bool any = o.version || o.config || o.node || o.bootstrap;
   if (!any && under_launcher()) o.bootstrap = true;
   if (!any && !o.bootstrap) {
