@@ -103,7 +103,8 @@ int int_arg(const char* name, const char* v) {
 // Tasks in flight per rank at most (well under the cache's pending limit).
 constexpr int kMaxWindow = 256;
 
-bool parse(int argc, char** argv, Options* o) {
+// The flags into *o; false on --help or an unknown argument.
+bool parse_flags(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&](const char* name) -> const char* {
@@ -133,6 +134,11 @@ bool parse(int argc, char** argv, Options* o) {
       return false;
     }
   }
+  return true;
+}
+
+// The options' ranges, each bad value named; then the KV buffer's default size.
+bool validate(Options* o) {
   if (o->prompts < 1 || o->layers < 1 || o->shard_kib < 4 || o->cache_mib < 1 || o->steps < 1 || o->hot < 0 ||
       o->hot > o->prompts || o->raw_passes < 0 || o->raw_passes > 100 || o->one_rank_loads < -1) {
     std::fprintf(stderr, "ucm_demo: out-of-range option (prompts, layers >= 1; shard-kib >= 4; 0 <= hot <= prompts; "
@@ -174,6 +180,8 @@ bool parse(int argc, char** argv, Options* o) {
   if (o->kv_layers == 0) o->kv_layers = ucm_demo::kv_parts_for(o->window, o->layers);
   return true;
 }
+
+bool parse(int argc, char** argv, Options* o) { return parse_flags(argc, argv, o) && validate(o); }
 
 // The engine's KV content (demo_kv.h): a function of (block, layer, offset),
 // so any rank can verify what it got. Blocks 0..hot-1 are a shared prefix.
@@ -283,100 +291,112 @@ void quiet_barrier() {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+// What main's phases share: the options, the store and the cache, the KV
+// buffer, and what prefill and the bound's start found.
+struct Run {
   int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   Options o;
-  if (!parse(argc, argv, &o)) {
-    if (rank == 0)
-      std::fprintf(stderr, "usage: mpirun -np N ucm_demo [--prompts N] [--layers L] [--shard-kib K] [--cache-mib M] "
-                           "[--steps S] [--hot H] [--store DIR] [--backend SPEC] [--raw-passes P] "
-                           "[--one-rank-loads N] [--window W] [--kv-layers B] [--decode-only] [--json PATH]\n");
-    MPI_Finalize();
-    return 2;
-  }
-
-  // The embedded default: a posix store in a fresh directory, made by rank 0.
   char store[512] = {};
   bool own_store = false;
-  if (o.backend.empty()) {
-    if (rank == 0) {
-      if (!o.store.empty()) {
-        std::snprintf(store, sizeof(store), "%s", o.store.c_str());
-      } else {
-        char tmpl[] = "/tmp/ucm_demo.XXXXXX";
-        if (!mkdtemp(tmpl)) die(rank, "mkdtemp", UCM_ERR_SYSTEM, std::strerror(errno));
-        std::snprintf(store, sizeof(store), "%s", tmpl);
-        own_store = true;
-      }
-    }
-    MPI_Bcast(store, sizeof(store), MPI_CHAR, 0, MPI_COMM_WORLD);
-  }
+  ucm_config_t cfg{};
+  ucm_cache_t cache = nullptr;
+  ucm_cache_info_t info{};
+  uint64_t shard = 0;
+  int cpus = 1;
+  // The KV buffer: kv_layers parts of one layer each (prompts x shard); decode
+  // loads the task at position pos (step * layers + layer) into part pos % kv_layers.
+  size_t part_bytes = 0;
+  std::vector<uint8_t> kv;
+  double prefill_s = 0;
+  uint64_t unique_shards = 0;
+  std::vector<uint64_t> resident;  // rank 0: the key ids the cache held when decode began
+  ucm_stats_t mine0{}, node0{};
+};
 
-  ucm_config_t cfg;
+// The embedded default: a posix store in a fresh directory, made by rank 0.
+void make_store(Run& run) {
+  if (!run.o.backend.empty()) return;
+  if (run.rank == 0) {
+    if (!run.o.store.empty()) {
+      std::snprintf(run.store, sizeof(run.store), "%s", run.o.store.c_str());
+    } else {
+      char tmpl[] = "/tmp/ucm_demo.XXXXXX";
+      if (!mkdtemp(tmpl)) die(run.rank, "mkdtemp", UCM_ERR_SYSTEM, std::strerror(errno));
+      std::snprintf(run.store, sizeof(run.store), "%s", tmpl);
+      run.own_store = true;
+    }
+  }
+  MPI_Bcast(run.store, sizeof(run.store), MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+void open_cache(Run& run) {
+  const Options& o = run.o;
+  ucm_config_t& cfg = run.cfg;
   ucm_result_t r = ucm_config_init(&cfg);
-  if (r != UCM_OK) die(rank, "ucm_config_init", r, ucm_config_error());
+  if (r != UCM_OK) die(run.rank, "ucm_config_init", r, ucm_config_error());
   // The demo's destinations are host buffers (it verifies every byte on the
   // CPU), so it asks for the host engine even on a node with GPUs.
   if (!getenv("UCM_COPY_ENGINE")) cfg.copy_engine = UCM_COPY_ENGINE_HOST;
   cfg.shard_bytes = o.shard_kib << 10;
   cfg.shards_per_block = static_cast<uint32_t>(o.layers);
   if (!getenv("UCM_CACHE_BYTES")) cfg.cache_bytes = o.cache_mib << 20;
+  // A store path too long for cfg.backend is cut to fit (the precision says
+  // so to the compiler, which sees run.store's 512 bytes).
   if (!o.backend.empty()) std::snprintf(cfg.backend, sizeof(cfg.backend), "%s", o.backend.c_str());
-  else if (!getenv("UCM_BACKEND")) std::snprintf(cfg.backend, sizeof(cfg.backend), "posix:%s", store);
+  else if (!getenv("UCM_BACKEND"))
+    std::snprintf(cfg.backend, sizeof(cfg.backend), "posix:%.*s", int(sizeof(cfg.backend) - 7), run.store);
 
-  ucm_cache_t cache = nullptr;
-  r = ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache);
-  if (r != UCM_OK) die(rank, "ucm_cache_init", r, ucm_last_error(nullptr));
-  ucm_cache_info_t info{};
-  info.struct_bytes = sizeof(info);
-  (void)ucm_cache_info(cache, &info);
-  const uint64_t shard = cfg.shard_bytes;
+  r = ucm_cache_init(MPI_COMM_WORLD, &cfg, &run.cache);
+  if (r != UCM_OK) die(run.rank, "ucm_cache_init", r, ucm_last_error(nullptr));
+  run.info.struct_bytes = sizeof(run.info);
+  (void)ucm_cache_info(run.cache, &run.info);
+  run.shard = cfg.shard_bytes;
   // Collective (the node's ranks): here, not where rank 0 measures the bound
   // and the others must nap rather than poll in MPI.
-  const int cpus = usable_cpus();
-  if (rank == 0)
+  run.cpus = usable_cpus();
+  if (run.rank == 0)
     std::printf("ucm_demo: %d ranks (%d per node, %d nodes), %d prompts x %d layers x %" PRIu64
                 " KiB = %.1f MiB of KV, cache %.1f MiB per node, store %s, copy engine %s\n",
-                size, info.local_size, info.node_count, o.prompts, o.layers, shard >> 10,
-                double(o.prompts) * o.layers * shard / (1 << 20), double(cfg.cache_bytes) / (1 << 20), cfg.backend,
-                info.copy_engine);
+                run.size, run.info.local_size, run.info.node_count, o.prompts, o.layers, run.shard >> 10,
+                double(o.prompts) * o.layers * run.shard / (1 << 20), double(cfg.cache_bytes) / (1 << 20),
+                cfg.backend, run.info.copy_engine);
+}
 
-  // ---- prefill: dump every prompt's KV, layer by layer ----------------------
-  // The KV buffer: kv_layers parts of one layer each (prompts x shard); decode
-  // loads the task at position pos (step * layers + layer) into part pos % kv_layers.
-  const size_t part_bytes = static_cast<size_t>(o.prompts) * shard;
-  std::vector<uint8_t> kv(static_cast<size_t>(o.kv_layers) * part_bytes);
-  const ucm_demo::KvPattern pattern(shard);
+// ---- prefill: dump every prompt's KV, layer by layer ----------------------
+void prefill(Run& run, const ucm_demo::KvPattern& pattern) {
+  const Options& o = run.o;
+  const uint64_t shard = run.shard;
+  run.part_bytes = static_cast<size_t>(o.prompts) * shard;
+  run.kv.assign(static_cast<size_t>(o.kv_layers) * run.part_bytes, 0);
+  uint8_t* kv = run.kv.data();
   const auto t_prefill = std::chrono::steady_clock::now();
   for (int layer = 0; layer < o.layers && !o.decode_only; ++layer) {
     std::vector<ucm_dump_entry_t> es(o.prompts);
     for (int p = 0; p < o.prompts; ++p) {
-      pattern.fill(p, layer, kv.data() + p * shard);
+      pattern.fill(p, layer, kv + p * shard);
       es[p].key.block = block_id(p);
       es[p].key.shard = static_cast<uint32_t>(layer);
       es[p].key.reserved = 0;
-      es[p].src = kv.data() + p * shard;
+      es[p].src = kv + p * shard;
     }
     ucm_task_t t;
-    if ((r = ucm_dump_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_dump_task", r, ucm_last_error(cache));
-    if ((r = ucm_task_wait(cache, t, kTaskWaitMs)) != UCM_OK) die(rank, "dump task", r, ucm_last_error(cache));
+    ucm_result_t r;
+    if ((r = ucm_dump_task(run.cache, es.data(), es.size(), &t)) != UCM_OK)
+      die(run.rank, "ucm_dump_task", r, ucm_last_error(run.cache));
+    if ((r = ucm_task_wait(run.cache, t, kTaskWaitMs)) != UCM_OK) die(run.rank, "dump task", r, ucm_last_error(run.cache));
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  const double prefill_s = seconds_since(t_prefill);
+  run.prefill_s = seconds_since(t_prefill);
+}
 
-  // ---- the bound's start: what the cache holds, the counters --------------
-  // Key id p * layers + layer. Rank 0 asks where every shard is once every
-  // rank's dumps are done; the counters are read before decode starts.
-  const uint64_t unique_shards = uint64_t(o.prompts) * uint64_t(o.layers);
-  std::vector<uint64_t> resident;
-  ucm_stats_t mine0{}, node0{};
-  mine0.struct_bytes = node0.struct_bytes = sizeof(ucm_stats_t);
-  if (rank == 0) {
+// ---- the bound's start: what the cache holds, the counters --------------
+// Key id p * layers + layer. Rank 0 asks where every shard is once every
+// rank's dumps are done; the counters are read before decode starts.
+void bound_start(Run& run) {
+  const Options& o = run.o;
+  const uint64_t unique_shards = run.unique_shards = uint64_t(o.prompts) * uint64_t(o.layers);
+  run.mine0.struct_bytes = run.node0.struct_bytes = sizeof(ucm_stats_t);
+  if (run.rank == 0) {
     std::vector<ucm_key_t> keys(unique_shards);
     for (uint64_t id = 0; id < unique_shards; ++id) {
       keys[id].block = block_id(id / o.layers);
@@ -384,340 +404,476 @@ int main(int argc, char** argv) {
       keys[id].reserved = 0;
     }
     std::vector<uint8_t> where(unique_shards, UCM_WHERE_NONE);
-    for (uint64_t at = 0; at < unique_shards; at += cfg.max_task_entries) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(cfg.max_task_entries, unique_shards - at));
-      if ((r = ucm_lookup(cache, keys.data() + at, n, where.data() + at)) != UCM_OK)
-        die(rank, "ucm_lookup", r, ucm_last_error(cache));
+    for (uint64_t at = 0; at < unique_shards; at += run.cfg.max_task_entries) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(run.cfg.max_task_entries, unique_shards - at));
+      if (const ucm_result_t r = ucm_lookup(run.cache, keys.data() + at, n, where.data() + at); r != UCM_OK)
+        die(run.rank, "ucm_lookup", r, ucm_last_error(run.cache));
     }
     for (uint64_t id = 0; id < unique_shards; ++id)
-      if (where[id] == UCM_WHERE_CACHE) resident.push_back(id);
+      if (where[id] == UCM_WHERE_CACHE) run.resident.push_back(id);
   }
-  (void)ucm_cache_stats(cache, &mine0, rank == 0 ? &node0 : nullptr);
+  (void)ucm_cache_stats(run.cache, &run.mine0, run.rank == 0 ? &run.node0 : nullptr);
   MPI_Barrier(MPI_COMM_WORLD);
+}
 
-  // ---- decode: load the prompts back, layer by layer -------------------------
-  // Up to `window` layer tasks in flight: the task of position pos + window - 1
-  // is submitted before pos is waited for, so the cache and its store work on
-  // later layers while this thread verifies layer pos. Part pos % kv_layers of
-  // the buffer was last written by position pos - kv_layers <= pos - window,
-  // already verified; it held another layer (kv_parts_for), or was cleared.
-  std::vector<ucm_block_t> hot(o.hot);
-  for (int p = 0; p < o.hot; ++p) hot[p] = block_id(p);
-  std::fill(kv.begin(), kv.end(), 0);
-  const bool clear = ucm_demo::clear_after_check(o.kv_layers, o.layers);
-  const int total = o.steps * o.layers;
+// What decode did on this rank.
+struct Decode {
+  bool clear = false;  // each KV part is cleared after its check (clear_after_check)
   uint64_t bad = 0, tasks = 0, failed_tasks = 0;
   std::string first_failure;
   // Where decode's wall time goes on this thread: in the cache's calls
   // (submit and wait), verifying, and at the per-step barrier.
   double submit_s = 0, wait_s = 0, verify_s = 0, barrier_s = 0;
   uint64_t verify_cpu_ns = 0;
-  std::deque<ucm_task_t> flight;
   uint64_t flight_max = 0;
-  auto part = [&](int pos) { return kv.data() + static_cast<size_t>(pos % o.kv_layers) * part_bytes; };
-  auto submit = [&](int pos) {
-    const int layer = pos % o.layers;
+  double decode_s = 0;
+  double in_tasks_s = 0;  // the time decode was held by the cache's calls
+  Usage use0, use1;
+};
+
+// Decode's two steps per position (step * layers + layer), as run_pipeline
+// calls them: submit its load task, then complete it (wait, verify, and at a
+// step's last layer the step barrier and rank 0's progress line).
+struct Decoder {
+  Run& run;
+  const ucm_demo::KvPattern& pattern;
+  Decode& d;
+  std::vector<ucm_block_t> hot;
+  std::deque<ucm_task_t> flight;
+
+  uint8_t* part(int pos) const {
+    return run.kv.data() + static_cast<size_t>(pos % run.o.kv_layers) * run.part_bytes;
+  }
+
+  void submit(int pos) {
+    const int layer = pos % run.o.layers;
     const auto t0 = std::chrono::steady_clock::now();
-    if (layer == 0 && !hot.empty() && (r = ucm_touch(cache, hot.data(), hot.size())) != UCM_OK)
-      die(rank, "ucm_touch", r, ucm_last_error(cache));
-    std::vector<ucm_load_entry_t> es(o.prompts);
-    for (int p = 0; p < o.prompts; ++p) {
+    ucm_result_t r;
+    if (layer == 0 && !hot.empty() && (r = ucm_touch(run.cache, hot.data(), hot.size())) != UCM_OK)
+      die(run.rank, "ucm_touch", r, ucm_last_error(run.cache));
+    std::vector<ucm_load_entry_t> es(run.o.prompts);
+    for (int p = 0; p < run.o.prompts; ++p) {
       es[p].key.block = block_id(p);
       es[p].key.shard = static_cast<uint32_t>(layer);
       es[p].key.reserved = 0;
-      es[p].dst = part(pos) + p * shard;
+      es[p].dst = part(pos) + p * run.shard;
     }
     ucm_task_t t;
-    if ((r = ucm_load_task(cache, es.data(), es.size(), &t)) != UCM_OK) die(rank, "ucm_load_task", r, ucm_last_error(cache));
+    if ((r = ucm_load_task(run.cache, es.data(), es.size(), &t)) != UCM_OK)
+      die(run.rank, "ucm_load_task", r, ucm_last_error(run.cache));
     flight.push_back(t);
-    flight_max = std::max<uint64_t>(flight_max, flight.size());
-    submit_s += seconds_since(t0);
-  };
-  const Usage use0 = usage_now();
-  const auto t_decode = std::chrono::steady_clock::now();
-  auto complete = [&](int pos) {
-    const int step = pos / o.layers, layer = pos % o.layers;
+    d.flight_max = std::max<uint64_t>(d.flight_max, flight.size());
+    d.submit_s += seconds_since(t0);
+  }
+
+  void complete(int pos) {
+    const int step = pos / run.o.layers, layer = pos % run.o.layers;
     const auto t_wait = std::chrono::steady_clock::now();
-    r = ucm_task_wait(cache, flight.front(), kTaskWaitMs);
-    wait_s += seconds_since(t_wait);
+    const ucm_result_t r = ucm_task_wait(run.cache, flight.front(), kTaskWaitMs);
+    d.wait_s += seconds_since(t_wait);
     flight.pop_front();
-    ++tasks;
+    ++d.tasks;
     if (r != UCM_OK) {
       // A shard the store holds corrupt (or cannot read): the task fails on
       // every rank alike. Its destinations are checked all the same (the
       // failed shards' bytes are not theirs), and decode goes on.
-      if (r != UCM_ERR_CORRUPT && r != UCM_ERR_BACKEND && r != UCM_ERR_NOT_FOUND) die(rank, "load task", r, ucm_last_error(cache));
-      if (failed_tasks++ == 0) {
-        first_failure = std::string(ucm_result_string(r)) + ": " + ucm_last_error(cache);
-        std::fprintf(stderr, "ucm_demo rank %d: step %d layer %d: load task failed: %s\n", rank, step + 1, layer,
-                     first_failure.c_str());
+      if (r != UCM_ERR_CORRUPT && r != UCM_ERR_BACKEND && r != UCM_ERR_NOT_FOUND)
+        die(run.rank, "load task", r, ucm_last_error(run.cache));
+      if (d.failed_tasks++ == 0) {
+        d.first_failure = std::string(ucm_result_string(r)) + ": " + ucm_last_error(run.cache);
+        std::fprintf(stderr, "ucm_demo rank %d: step %d layer %d: load task failed: %s\n", run.rank, step + 1, layer,
+                     d.first_failure.c_str());
       }
     }
     const auto t_verify = std::chrono::steady_clock::now();
     const uint64_t cpu0 = thread_cpu_ns();
-    for (int p = 0; p < o.prompts; ++p)
-      if (!pattern.check(p, layer, part(pos) + p * shard)) ++bad;
-    if (clear) std::memset(part(pos), 0, part_bytes);
-    verify_cpu_ns += thread_cpu_ns() - cpu0;
-    verify_s += seconds_since(t_verify);
-    if (layer + 1 < o.layers) return;
+    for (int p = 0; p < run.o.prompts; ++p)
+      if (!pattern.check(p, layer, part(pos) + p * run.shard)) ++d.bad;
+    if (d.clear) std::memset(part(pos), 0, run.part_bytes);
+    d.verify_cpu_ns += thread_cpu_ns() - cpu0;
+    d.verify_s += seconds_since(t_verify);
+    if (layer + 1 < run.o.layers) return;
     const auto t_barrier = std::chrono::steady_clock::now();
     MPI_Barrier(MPI_COMM_WORLD);
-    barrier_s += seconds_since(t_barrier);
-    if (rank == 0) {
+    d.barrier_s += seconds_since(t_barrier);
+    if (run.rank == 0) {
       ucm_stats_t ns{};
       ns.struct_bytes = sizeof(ns);
-      (void)ucm_cache_stats(cache, nullptr, &ns);
+      (void)ucm_cache_stats(run.cache, nullptr, &ns);
       std::printf("  decode step %d/%d: %" PRIu64 " backend loads, %" PRIu64 " hits, %" PRIu64 " evictions so far (node 0)\n",
-                  step + 1, o.steps, ns.owner_loads, ns.hits, ns.evictions);
+                  step + 1, run.o.steps, ns.owner_loads, ns.hits, ns.evictions);
       std::fflush(stdout);
     }
-  };
-  ucm_demo::run_pipeline(total, o.window, submit, complete);
-  const double decode_s = seconds_since(t_decode);
-  const Usage use1 = usage_now();
-  const double in_tasks_s = submit_s + wait_s;  // the time decode was held by the cache's calls
+  }
+};
 
-  // ---- the bound: raw read rate of the store's files, on rank 0 alone ------
-  // The other ranks nap meanwhile (quiet_barrier), so the read has the CPUs.
+// ---- decode: load the prompts back, layer by layer -------------------------
+// Up to `window` layer tasks in flight: the task of position pos + window - 1
+// is submitted before pos is waited for, so the cache and its store work on
+// later layers while this thread verifies layer pos. Part pos % kv_layers of
+// the buffer was last written by position pos - kv_layers <= pos - window,
+// already verified; it held another layer (kv_parts_for), or was cleared.
+void decode(Run& run, const ucm_demo::KvPattern& pattern, Decode* d) {
+  Decoder dec{run, pattern, *d, std::vector<ucm_block_t>(run.o.hot), {}};
+  for (int p = 0; p < run.o.hot; ++p) dec.hot[p] = block_id(p);
+  std::fill(run.kv.begin(), run.kv.end(), 0);
+  d->clear = ucm_demo::clear_after_check(run.o.kv_layers, run.o.layers);
+  const int total = run.o.steps * run.o.layers;
+  d->use0 = usage_now();
+  const auto t_decode = std::chrono::steady_clock::now();
+  ucm_demo::run_pipeline(
+      total, run.o.window, [&](int pos) { dec.submit(pos); }, [&](int pos) { dec.complete(pos); });
+  d->decode_s = seconds_since(t_decode);
+  d->use1 = usage_now();
+  d->in_tasks_s = d->submit_s + d->wait_s;
+}
+
+// The bound's rates, measured on rank 0.
+struct Measured {
+  ucm_demo::RawRead raw;
+  ucm_demo::CopyRate copy;
+  int copy_cores = 1;
+};
+
+// ---- the bound: raw read rate of the store's files, on rank 0 alone ------
+// The other ranks nap meanwhile (quiet_barrier), so the read has the CPUs.
+void measure(const Run& run, Measured* m) {
+  const Options& o = run.o;
   std::string store_dir;
   uint32_t store_depth = 0;
-  const bool posix = posix_store(cfg.backend, &store_dir, &store_depth);
+  const bool posix = posix_store(run.cfg.backend, &store_dir, &store_depth);
   // Every local rank has a store of its own with store_depth I/O threads, and
   // the node's loads are spread over the ranks: the node's stores can keep
   // local_size x store_depth reads in flight. The bound takes the better of
   // that and store_depth threads (on a few cores more threads can read less).
-  ucm_demo::RawRead raw;
-  if (rank == 0) {
-    if (!posix) raw.error = "the store is not posix";
-    else if (o.raw_passes == 0) raw.error = "--raw-passes 0";
+  if (run.rank == 0) {
+    if (!posix) m->raw.error = "the store is not posix";
+    else if (o.raw_passes == 0) m->raw.error = "--raw-passes 0";
     else
-      raw = ucm_demo::raw_read_best(store_files(store_dir), shard,
-                                    {store_depth, store_depth * static_cast<uint32_t>(info.local_size)}, o.raw_passes,
-                                    unique_shards * shard, kRawMinSeconds);
+      m->raw = ucm_demo::raw_read_best(store_files(store_dir), run.shard,
+                                       {store_depth, store_depth * static_cast<uint32_t>(run.info.local_size)},
+                                       o.raw_passes, run.unique_shards * run.shard, kRawMinSeconds);
   }
   // The cpu bound's memcpy rate, on as many threads as the node's copies can
   // use cores at once (min(local ranks, cpus)), the others still asleep.
-  const int copy_cores = std::min(info.local_size, cpus);
-  ucm_demo::CopyRate copy;
-  if (rank == 0) {
-    if (o.raw_passes == 0) copy.error = "--raw-passes 0";
-    else copy = ucm_demo::memcpy_rate(static_cast<uint32_t>(copy_cores), kCopyRateBytes, o.raw_passes, kRawMinSeconds);
+  m->copy_cores = std::min(run.info.local_size, run.cpus);
+  if (run.rank == 0) {
+    if (o.raw_passes == 0) m->copy.error = "--raw-passes 0";
+    else
+      m->copy = ucm_demo::memcpy_rate(static_cast<uint32_t>(m->copy_cores), kCopyRateBytes, o.raw_passes,
+                                      kRawMinSeconds);
   }
   quiet_barrier();
+}
 
-  // ---- summary -----------------------------------------------------------
+// The ranks' counts, reduced to rank 0 (the sums are rank 0's alone).
+struct Totals {
   ucm_stats_t mine{}, node{};
-  mine.struct_bytes = node.struct_bytes = sizeof(ucm_stats_t);
-  (void)ucm_cache_stats(cache, &mine, &node);
   uint64_t bad_all = 0, loads_all = 0, leaders = 0;
-  const uint64_t node_loads = info.local_rank == 0 ? node.owner_loads : 0;
-  const uint64_t leader = info.local_rank == 0 ? 1 : 0;
-  MPI_Reduce(&bad, &bad_all, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-  MPI_Reduce(&node_loads, &loads_all, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-  MPI_Reduce(&leader, &leaders, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-  double gbps = double(mine.bytes_to_device) / decode_s / 1e9, gbps_all = 0;
-  MPI_Reduce(&gbps, &gbps_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
-  double in_tasks_max = 0;
-  MPI_Reduce(&in_tasks_s, &in_tasks_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  double gbps = 0, gbps_all = 0, in_tasks_max = 0;
+  double split_max[4] = {};  // submit, wait, verify, barrier: the slowest rank's
+  double cpu_sum[3] = {}, cpu_max = 0;
+  uint64_t counts_sum[3] = {};  // voluntary, involuntary context switches, failed tasks
+  std::vector<uint64_t> rank_loads;
+};
+
+void reduce_totals(const Run& run, const Decode& d, Totals* t) {
+  t->mine.struct_bytes = t->node.struct_bytes = sizeof(ucm_stats_t);
+  (void)ucm_cache_stats(run.cache, &t->mine, &t->node);
+  const uint64_t node_loads = run.info.local_rank == 0 ? t->node.owner_loads : 0;
+  const uint64_t leader = run.info.local_rank == 0 ? 1 : 0;
+  MPI_Reduce(&d.bad, &t->bad_all, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&node_loads, &t->loads_all, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&leader, &t->leaders, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  t->gbps = double(t->mine.bytes_to_device) / d.decode_s / 1e9;
+  MPI_Reduce(&t->gbps, &t->gbps_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&d.in_tasks_s, &t->in_tasks_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   // Where decode's time went, the slowest rank's of each part, and the CPU
   // the ranks spent in it (all threads), summed over the ranks.
-  const double split[4] = {submit_s, wait_s, verify_s, barrier_s};
-  double split_max[4] = {};
-  MPI_Reduce(split, split_max, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  const double cpu[3] = {use1.cpu_s - use0.cpu_s, use1.thread_cpu_s - use0.thread_cpu_s, double(verify_cpu_ns) / 1e9};
-  double cpu_sum[3] = {}, cpu_max = 0;
-  MPI_Reduce(cpu, cpu_sum, 3, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
-  MPI_Reduce(&cpu[0], &cpu_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  const uint64_t counts[3] = {use1.vcsw - use0.vcsw, use1.ivcsw - use0.ivcsw, failed_tasks};
-  uint64_t counts_sum[3] = {};
-  MPI_Reduce(counts, counts_sum, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
-  const uint64_t my_loads = mine.owner_loads - mine0.owner_loads;
-  std::vector<uint64_t> rank_loads(rank == 0 ? size : 0);
-  MPI_Gather(&my_loads, 1, MPI_UINT64_T, rank_loads.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  if (rank == 0) {
-    const double unique = double(o.prompts) * o.layers;
-    const double asked = double(node.hits + node.owner_loads + node.waits);
-    std::printf("ucm_demo summary (node 0 unless said):\n");
-    std::printf("  prefill: %.3f s, %" PRIu64 " shards written through once per node (%.0f unique)\n", prefill_s,
-                node.dumps, unique);
-    std::printf("  decode:  %" PRIu64 " tasks per rank in %.3f s, hit rate %.1f%%, waits %" PRIu64 ", evictions %" PRIu64
-                ", prealloc %" PRIu64 " made / %" PRIu64 " used\n",
-                tasks, decode_s, asked > 0 ? 100.0 * double(node.hits) / asked : 0.0, node.waits, node.evictions,
-                node.prealloc_made, node.prealloc_used);
-    std::printf("  backend loads per unique shard per node: %.2f (%" PRIu64 " loads over %" PRIu64 " nodes)\n",
-                double(loads_all) / double(leaders) / unique, loads_all, leaders);
-    std::printf("  copy bandwidth: %.2f GB/s per rank, %.2f GB/s all ranks\n", gbps, gbps_all);
-    std::printf("  task latency: p50 <= %" PRIu64 " us, p90 <= %" PRIu64 " us, p99 <= %" PRIu64 " us\n",
-                node.latency_p50_us, node.latency_p90_us, node.latency_p99_us);
-    std::printf("  verification: %s (%" PRIu64 " bad shards)\n", bad_all == 0 ? "every byte right" : "FAILED", bad_all);
-    if (counts_sum[2] > 0)
-      std::printf("  failed load tasks: %" PRIu64 " over all ranks (rank 0's first: %s)\n", counts_sum[2],
-                  first_failure.empty() ? "none on rank 0" : first_failure.c_str());
-    std::printf("  pipeline: window %d (up to %" PRIu64 " layer tasks in flight on rank 0), KV buffer of %d layers "
-                "(%.1f MiB per rank)%s\n",
-                o.window, flight_max, o.kv_layers, double(kv.size()) / (1 << 20),
-                clear ? ", each part cleared after its check" : "");
-    std::printf("  decode time, slowest rank of each: in the cache's calls %.3f s (submit %.3f, wait %.3f), "
-                "verifying %.3f s, step barriers %.3f s\n",
-                split_max[0] + split_max[1], split_max[0], split_max[1], split_max[2], split_max[3]);
-    std::printf("  decode cpu: %.3f cpu-s over %d ranks (slowest %.3f; app threads %.3f, of which verifying %.3f), "
-                "%.2f of %d cpus x decode; %" PRIu64 " voluntary, %" PRIu64 " involuntary context switches\n",
-                cpu_sum[0], size, cpu_max, cpu_sum[1], cpu_sum[2], cpu_sum[0] / (double(cpus) * decode_s), cpus,
-                counts_sum[0], counts_sum[1]);
-    // Every rank checks every shard it asks for: copy_bytes_rank each.
-    const uint64_t copy_bytes_rank = tasks * uint64_t(o.prompts) * shard;
-    const double verify_rate = cpu_sum[2] > 0 ? double(copy_bytes_rank) * size / cpu_sum[2] : 0;
-    std::printf("  verifying: %.2f GB/s per core (%.1f MiB checked per rank%s)\n", verify_rate / 1e9,
-                double(copy_bytes_rank) / (1 << 20), clear ? ", the cpu time includes clearing" : "");
+  const double split[4] = {d.submit_s, d.wait_s, d.verify_s, d.barrier_s};
+  MPI_Reduce(split, t->split_max, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const double cpu[3] = {d.use1.cpu_s - d.use0.cpu_s, d.use1.thread_cpu_s - d.use0.thread_cpu_s,
+                         double(d.verify_cpu_ns) / 1e9};
+  MPI_Reduce(cpu, t->cpu_sum, 3, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&cpu[0], &t->cpu_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const uint64_t counts[3] = {d.use1.vcsw - d.use0.vcsw, d.use1.ivcsw - d.use0.ivcsw, d.failed_tasks};
+  MPI_Reduce(counts, t->counts_sum, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  const uint64_t my_loads = t->mine.owner_loads - run.mine0.owner_loads;
+  t->rank_loads.resize(run.rank == 0 ? run.size : 0);
+  MPI_Gather(&my_loads, 1, MPI_UINT64_T, t->rank_loads.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+}
 
-    // The bound, for node 0. Its sequence of shard requests is the program's
-    // order (every local rank asks for the same keys); a shard it loaded may
-    // also sit in a reserved slot when prealloc is on, so both pools count.
-    std::vector<uint64_t> seq;
-    seq.reserve(static_cast<size_t>(o.steps) * unique_shards);
-    for (int step = 0; step < o.steps; ++step)
-      for (int layer = 0; layer < o.layers; ++layer)
-        for (int p = 0; p < o.prompts; ++p) seq.push_back(uint64_t(p) * o.layers + layer);
-    const uint64_t capacity = uint64_t(info.regular_slots) + (cfg.prealloc ? info.reserved_slots : 0);
-    const uint64_t min_loads = ucm_demo::belady_min(seq, resident, capacity);
-    const uint64_t loads = node.owner_loads - node0.owner_loads;
-    const int64_t one_rank = info.local_size == 1 ? int64_t(loads) : o.one_rank_loads;
-    const double rate = raw.error.empty() ? raw.best_bytes_per_s : 0;
-    const double achievable_s = rate > 0 ? double(min_loads) * double(shard) / rate : 0;
-    const double achievable_1r_s = rate > 0 && one_rank >= 0 ? double(one_rank) * double(shard) / rate : 0;
-    const double fraction = achievable_s > 0 ? achievable_s / decode_s : 0;
-    const double fraction_tasks = achievable_s > 0 && in_tasks_max > 0 ? achievable_s / in_tasks_max : 0;
-    const double fraction_1r = achievable_1r_s > 0 ? achievable_1r_s / decode_s : 0;
-    // The cpu bound: the node's copies into the KV buffers at the memcpy rate
-    // of copy_cores cores at once.
-    const bool copy_known = copy.error.empty() && copy.best_bytes_per_s > 0;
-    ucm_demo::Bounds bounds;
-    bounds.store_s = achievable_s;
-    bounds.cpu_s = copy_known ? double(copy_bytes_rank) * info.local_size / copy.best_bytes_per_s : 0;
-    const double fraction_binding = bounds.binding_s() > 0 ? bounds.binding_s() / decode_s : 0;
-    uint64_t lmax = 0, lmin = UINT64_MAX;
-    for (uint64_t l : rank_loads) lmax = std::max(lmax, l), lmin = std::min(lmin, l);
-    std::printf("  owner loads per rank in decode: max %" PRIu64 ", min %" PRIu64, lmax, lmin);
-    if (lmin > 0) std::printf(" (max/min %.2f)", double(lmax) / double(lmin));
-    std::printf("\n  bound: min loads %" PRIu64 " (Belady's MIN, %" PRIu64 " slots, %zu of %" PRIu64
-                " shards resident when decode began) against %" PRIu64 " made (%.2fx)\n",
-                min_loads, capacity, resident.size(), unique_shards, loads,
-                min_loads > 0 ? double(loads) / double(min_loads) : 0.0);
-    if (raw.error.empty()) {
-      std::printf("  bound: raw read %.2f GB/s (%s, best of %d passes of %.1f MiB in %u files on %u threads, "
-                  "the better of %s; median %.2f GB/s)\n",
-                  raw.best_bytes_per_s / 1e9, raw.direct ? "O_DIRECT" : "page cache: the file system refused O_DIRECT",
-                  raw.passes, double(raw.bytes_per_pass) / (1 << 20), raw.files, raw.threads, raw.tried.c_str(),
-                  raw.median_bytes_per_s / 1e9);
-      std::printf("  bound: achievable decode %.3f s; reached %.2f of achievable (decode %.3f s), "
-                  "%.2f counting only the time in the cache's calls (%.3f s, slowest rank)\n",
-                  achievable_s, fraction, decode_s, fraction_tasks, in_tasks_max);
-      if (one_rank >= 0)
-        std::printf("  bound, the issue's count (the loads 1 rank makes on this cache, %" PRId64
-                    "%s): achievable %.3f s, reached %.2f\n",
-                    one_rank, info.local_size == 1 ? ", this run" : ", --one-rank-loads", achievable_1r_s, fraction_1r);
-      else
-        std::printf("  bound, the issue's count: not known with %d ranks per node (give --one-rank-loads N from a "
-                    "1-rank run on the same cache)\n",
-                    info.local_size);
-      // Not part of the bound (which is the store's): the cpu work decode did
-      // (copies, checksums, every rank's verification) spread over the cpus.
-      const double cpu_floor_s = cpu_sum[0] / double(cpus);
-      std::printf("  cpu: decode's cpu time over the %d cpus the ranks may use is %.3f s, %.2f of achievable "
-                  "(above 1: the cpus, not the store, bound this run)\n",
-                  cpus, cpu_floor_s, achievable_s > 0 ? cpu_floor_s / achievable_s : 0.0);
-      // The line to read: both fractions of this run's window.
-      char one_rank_text[32] = "not known";
-      if (one_rank >= 0) std::snprintf(one_rank_text, sizeof(one_rank_text), "%.3f", fraction_1r);
-      std::printf("  result: window %d: reached %s of achievable by the 1-rank count, %.3f by Belady's MIN\n",
-                  o.window, one_rank_text, fraction);
-    } else {
-      std::printf("  bound: raw read rate not measured (%s), so no achievable time\n", raw.error.c_str());
-    }
-    if (copy_known) {
-      std::printf("  bound, cpu: each rank copies %.1f MiB into its KV buffer, the node %.1f MiB, at memcpy %.2f GB/s "
-                  "on %u threads (%.2f GB/s per core: each thread's best copy in %d passes; median pass %.2f GB/s): %.3f s\n",
-                  double(copy_bytes_rank) / (1 << 20), double(copy_bytes_rank) * info.local_size / (1 << 20),
-                  copy.best_bytes_per_s / 1e9, copy.threads, copy.best_bytes_per_s / 1e9 / copy.threads, copy.passes,
-                  copy.median_bytes_per_s / 1e9, bounds.cpu_s);
-      if (achievable_s > 0)
-        std::printf("  bound, binding: the %s (store %.3f s by Belady's MIN, cpu %.3f s); reached %.3f of it\n",
-                    bounds.binding(), bounds.store_s, bounds.cpu_s, fraction_binding);
-    } else {
-      std::printf("  bound, cpu: memcpy rate not measured (%s)\n", copy.error.c_str());
-    }
+// The bound and the fractions of it reached, for node 0 (rank 0).
+struct Bound {
+  uint64_t copy_bytes_rank = 0;  // what each rank checked (and copied)
+  double verify_rate = 0;
+  uint64_t capacity = 0, min_loads = 0, loads = 0;
+  int64_t one_rank = -1;
+  double rate = 0, achievable_s = 0, achievable_1r_s = 0;
+  double fraction = 0, fraction_tasks = 0, fraction_1r = 0;
+  bool copy_known = false;
+  ucm_demo::Bounds bounds;
+  double fraction_binding = 0;
+  uint64_t lmax = 0, lmin = UINT64_MAX;
+};
 
-    if (!o.json.empty()) {
-      FILE* f = std::fopen(o.json.c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "ucm_demo: cannot write %s: %s\n", o.json.c_str(), std::strerror(errno));
-        bad_all += 1;  // the run fails: its result was asked for and is lost
-      } else {
-        auto num = [](double v, bool known) { return known ? std::to_string(v) : std::string("null"); };
-        auto esc = [](const std::string& in) {
-          std::string e;
-          for (char c : in) {
-            if (c == '"' || c == '\\') e += '\\';
-            if (static_cast<unsigned char>(c) >= 0x20) e += c;
-          }
-          return e;
-        };
-        std::fprintf(f,
-                     "{\n  \"schema\": \"ucm_demo/1\",\n  \"ranks\": %d, \"local_size\": %d, \"nodes\": %d,\n"
-                     "  \"prompts\": %d, \"layers\": %d, \"shard_bytes\": %" PRIu64 ", \"cache_bytes\": %" PRIu64
-                     ", \"steps\": %d, \"hot\": %d,\n  \"backend\": \"%s\",\n"
-                     "  \"prefill_s\": %.6f, \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
-                     ",\n  \"unique_shards\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"loads_per_unique\": %.4f,\n"
-                     "  \"owner_loads_max\": %" PRIu64 ", \"owner_loads_min\": %" PRIu64 ", \"owner_loads_max_over_min\": %s,\n"
-                     "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"bad_shards\": %" PRIu64 ",\n"
-                     "  \"bound\": {\n    \"capacity_slots\": %" PRIu64 ", \"resident_at_start\": %zu, \"min_loads\": %" PRIu64
-                     ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
-                     "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
-                     "    \"achievable_s\": %s, \"fraction\": %s, \"fraction_in_tasks\": %s,\n"
-                     "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s,\n",
-                     size, info.local_size, info.node_count, o.prompts, o.layers, shard, uint64_t(cfg.cache_bytes), o.steps,
-                     o.hot, esc(cfg.backend).c_str(), prefill_s, decode_s, in_tasks_max, tasks, unique_shards, loads,
-                     double(loads) / double(unique_shards), lmax, lmin,
-                     num(lmin > 0 ? double(lmax) / double(lmin) : 0, lmin > 0).c_str(), node.hits - node0.hits,
-                     node.waits - node0.waits, node.evictions - node0.evictions, bad_all, capacity, resident.size(),
-                     min_loads, esc(raw.error).c_str(), raw.direct && raw.error.empty() ? "true" : "false", raw.passes,
-                     raw.threads, raw.bytes_per_pass, num(raw.best_bytes_per_s / 1e9, rate > 0).c_str(),
-                     num(raw.median_bytes_per_s / 1e9, rate > 0).c_str(), num(achievable_s, rate > 0).c_str(),
-                     num(fraction, rate > 0).c_str(), num(fraction_tasks, rate > 0).c_str(),
-                     one_rank >= 0 ? std::to_string(one_rank).c_str() : "null",
-                     num(achievable_1r_s, rate > 0 && one_rank >= 0).c_str(),
-                     num(fraction_1r, rate > 0 && one_rank >= 0).c_str());
-        std::fprintf(f,
-                     "    \"cpu_copy_bytes_per_rank\": %" PRIu64 ", \"cpu_copy_cores\": %d, \"memcpy_error\": \"%s\", "
-                     "\"memcpy_threads\": %u, \"memcpy_passes\": %d,\n"
-                     "    \"memcpy_best_GBps\": %s, \"memcpy_median_GBps\": %s, \"cpu_bound_s\": %s,\n"
-                     "    \"binding\": %s, \"fraction_binding\": %s\n  },\n",
-                     copy_bytes_rank, copy_cores, esc(copy.error).c_str(), copy.threads, copy.passes,
-                     num(copy.best_bytes_per_s / 1e9, copy_known).c_str(),
-                     num(copy.median_bytes_per_s / 1e9, copy_known).c_str(), num(bounds.cpu_s, copy_known).c_str(),
-                     copy_known && rate > 0 ? (std::string("\"") + bounds.binding() + "\"").c_str() : "null",
-                     num(fraction_binding, copy_known && rate > 0).c_str());
-        std::fprintf(f,
-                     "  \"pipeline\": {\n    \"window\": %d, \"kv_layers\": %d, \"flight_max\": %" PRIu64
-                     ", \"failed_tasks\": %" PRIu64 ",\n"
-                     "    \"submit_s_max\": %.6f, \"wait_s_max\": %.6f, \"verify_s_max\": %.6f, \"barrier_s_max\": %.6f,\n"
-                     "    \"cpu_s_sum\": %.6f, \"cpu_s_max\": %.6f, \"app_thread_cpu_s_sum\": %.6f, "
-                     "\"verify_cpu_s_sum\": %.6f, \"verify_GBps_per_core\": %.6f, \"cpus\": %d,\n"
-                     "    \"voluntary_csw\": %" PRIu64 ", \"involuntary_csw\": %" PRIu64 ", \"raw_threads_tried\": \"%s\"\n"
-                     "  }\n}\n",
-                     o.window, o.kv_layers, flight_max, counts_sum[2], split_max[0], split_max[1], split_max[2],
-                     split_max[3], cpu_sum[0], cpu_max, cpu_sum[1], cpu_sum[2], verify_rate / 1e9, cpus, counts_sum[0],
-                     counts_sum[1],
-                     esc(raw.tried).c_str());
-        std::fclose(f);
-      }
-    }
+Bound bound_of(const Run& run, const Decode& d, const Measured& m, const Totals& t) {
+  const Options& o = run.o;
+  Bound b;
+  // Every rank checks every shard it asks for: copy_bytes_rank each.
+  b.copy_bytes_rank = d.tasks * uint64_t(o.prompts) * run.shard;
+  b.verify_rate = t.cpu_sum[2] > 0 ? double(b.copy_bytes_rank) * run.size / t.cpu_sum[2] : 0;
+  // The bound, for node 0. Its sequence of shard requests is the program's
+  // order (every local rank asks for the same keys); a shard it loaded may
+  // also sit in a reserved slot when prealloc is on, so both pools count.
+  std::vector<uint64_t> seq;
+  seq.reserve(static_cast<size_t>(o.steps) * run.unique_shards);
+  for (int step = 0; step < o.steps; ++step)
+    for (int layer = 0; layer < o.layers; ++layer)
+      for (int p = 0; p < o.prompts; ++p) seq.push_back(uint64_t(p) * o.layers + layer);
+  b.capacity = uint64_t(run.info.regular_slots) + (run.cfg.prealloc ? run.info.reserved_slots : 0);
+  b.min_loads = ucm_demo::belady_min(seq, run.resident, b.capacity);
+  b.loads = t.node.owner_loads - run.node0.owner_loads;
+  b.one_rank = run.info.local_size == 1 ? int64_t(b.loads) : o.one_rank_loads;
+  b.rate = m.raw.error.empty() ? m.raw.best_bytes_per_s : 0;
+  b.achievable_s = b.rate > 0 ? double(b.min_loads) * double(run.shard) / b.rate : 0;
+  b.achievable_1r_s = b.rate > 0 && b.one_rank >= 0 ? double(b.one_rank) * double(run.shard) / b.rate : 0;
+  b.fraction = b.achievable_s > 0 ? b.achievable_s / d.decode_s : 0;
+  b.fraction_tasks = b.achievable_s > 0 && t.in_tasks_max > 0 ? b.achievable_s / t.in_tasks_max : 0;
+  b.fraction_1r = b.achievable_1r_s > 0 ? b.achievable_1r_s / d.decode_s : 0;
+  // The cpu bound: the node's copies into the KV buffers at the memcpy rate
+  // of copy_cores cores at once.
+  b.copy_known = m.copy.error.empty() && m.copy.best_bytes_per_s > 0;
+  b.bounds.store_s = b.achievable_s;
+  b.bounds.cpu_s = b.copy_known ? double(b.copy_bytes_rank) * run.info.local_size / m.copy.best_bytes_per_s : 0;
+  b.fraction_binding = b.bounds.binding_s() > 0 ? b.bounds.binding_s() / d.decode_s : 0;
+  for (uint64_t l : t.rank_loads) b.lmax = std::max(b.lmax, l), b.lmin = std::min(b.lmin, l);
+  return b;
+}
+
+// ---- summary -----------------------------------------------------------
+void print_summary(const Run& run, const Decode& d, const Totals& t, const Bound& b) {
+  const Options& o = run.o;
+  const ucm_stats_t& node = t.node;
+  const double unique = double(o.prompts) * o.layers;
+  const double asked = double(node.hits + node.owner_loads + node.waits);
+  std::printf("ucm_demo summary (node 0 unless said):\n");
+  std::printf("  prefill: %.3f s, %" PRIu64 " shards written through once per node (%.0f unique)\n", run.prefill_s,
+              node.dumps, unique);
+  std::printf("  decode:  %" PRIu64 " tasks per rank in %.3f s, hit rate %.1f%%, waits %" PRIu64 ", evictions %" PRIu64
+              ", prealloc %" PRIu64 " made / %" PRIu64 " used\n",
+              d.tasks, d.decode_s, asked > 0 ? 100.0 * double(node.hits) / asked : 0.0, node.waits, node.evictions,
+              node.prealloc_made, node.prealloc_used);
+  std::printf("  backend loads per unique shard per node: %.2f (%" PRIu64 " loads over %" PRIu64 " nodes)\n",
+              double(t.loads_all) / double(t.leaders) / unique, t.loads_all, t.leaders);
+  std::printf("  copy bandwidth: %.2f GB/s per rank, %.2f GB/s all ranks\n", t.gbps, t.gbps_all);
+  std::printf("  task latency: p50 <= %" PRIu64 " us, p90 <= %" PRIu64 " us, p99 <= %" PRIu64 " us\n",
+              node.latency_p50_us, node.latency_p90_us, node.latency_p99_us);
+  std::printf("  verification: %s (%" PRIu64 " bad shards)\n", t.bad_all == 0 ? "every byte right" : "FAILED",
+              t.bad_all);
+  if (t.counts_sum[2] > 0)
+    std::printf("  failed load tasks: %" PRIu64 " over all ranks (rank 0's first: %s)\n", t.counts_sum[2],
+                d.first_failure.empty() ? "none on rank 0" : d.first_failure.c_str());
+  std::printf("  pipeline: window %d (up to %" PRIu64 " layer tasks in flight on rank 0), KV buffer of %d layers "
+              "(%.1f MiB per rank)%s\n",
+              o.window, d.flight_max, o.kv_layers, double(run.kv.size()) / (1 << 20),
+              d.clear ? ", each part cleared after its check" : "");
+  std::printf("  decode time, slowest rank of each: in the cache's calls %.3f s (submit %.3f, wait %.3f), "
+              "verifying %.3f s, step barriers %.3f s\n",
+              t.split_max[0] + t.split_max[1], t.split_max[0], t.split_max[1], t.split_max[2], t.split_max[3]);
+  std::printf("  decode cpu: %.3f cpu-s over %d ranks (slowest %.3f; app threads %.3f, of which verifying %.3f), "
+              "%.2f of %d cpus x decode; %" PRIu64 " voluntary, %" PRIu64 " involuntary context switches\n",
+              t.cpu_sum[0], run.size, t.cpu_max, t.cpu_sum[1], t.cpu_sum[2],
+              t.cpu_sum[0] / (double(run.cpus) * d.decode_s), run.cpus, t.counts_sum[0], t.counts_sum[1]);
+  std::printf("  verifying: %.2f GB/s per core (%.1f MiB checked per rank%s)\n", b.verify_rate / 1e9,
+              double(b.copy_bytes_rank) / (1 << 20), d.clear ? ", the cpu time includes clearing" : "");
+}
+
+// The store's bound: the fewest loads, the raw read rate, the fractions reached.
+void print_store_bound(const Run& run, const Decode& d, const Measured& m, const Totals& t, const Bound& b) {
+  const ucm_demo::RawRead& raw = m.raw;
+  std::printf("  owner loads per rank in decode: max %" PRIu64 ", min %" PRIu64, b.lmax, b.lmin);
+  if (b.lmin > 0) std::printf(" (max/min %.2f)", double(b.lmax) / double(b.lmin));
+  std::printf("\n  bound: min loads %" PRIu64 " (Belady's MIN, %" PRIu64 " slots, %zu of %" PRIu64
+              " shards resident when decode began) against %" PRIu64 " made (%.2fx)\n",
+              b.min_loads, b.capacity, run.resident.size(), run.unique_shards, b.loads,
+              b.min_loads > 0 ? double(b.loads) / double(b.min_loads) : 0.0);
+  if (!raw.error.empty()) {
+    std::printf("  bound: raw read rate not measured (%s), so no achievable time\n", raw.error.c_str());
+    return;
   }
-  r = ucm_cache_finalize(&cache);
-  if (r != UCM_OK) die(rank, "ucm_cache_finalize", r, ucm_last_error(nullptr));
+  std::printf("  bound: raw read %.2f GB/s (%s, best of %d passes of %.1f MiB in %u files on %u threads, "
+              "the better of %s; median %.2f GB/s)\n",
+              raw.best_bytes_per_s / 1e9, raw.direct ? "O_DIRECT" : "page cache: the file system refused O_DIRECT",
+              raw.passes, double(raw.bytes_per_pass) / (1 << 20), raw.files, raw.threads, raw.tried.c_str(),
+              raw.median_bytes_per_s / 1e9);
+  std::printf("  bound: achievable decode %.3f s; reached %.2f of achievable (decode %.3f s), "
+              "%.2f counting only the time in the cache's calls (%.3f s, slowest rank)\n",
+              b.achievable_s, b.fraction, d.decode_s, b.fraction_tasks, t.in_tasks_max);
+  if (b.one_rank >= 0)
+    std::printf("  bound, the issue's count (the loads 1 rank makes on this cache, %" PRId64
+                "%s): achievable %.3f s, reached %.2f\n",
+                b.one_rank, run.info.local_size == 1 ? ", this run" : ", --one-rank-loads", b.achievable_1r_s,
+                b.fraction_1r);
+  else
+    std::printf("  bound, the issue's count: not known with %d ranks per node (give --one-rank-loads N from a "
+                "1-rank run on the same cache)\n",
+                run.info.local_size);
+  // Not part of the bound (which is the store's): the cpu work decode did
+  // (copies, checksums, every rank's verification) spread over the cpus.
+  const double cpu_floor_s = t.cpu_sum[0] / double(run.cpus);
+  std::printf("  cpu: decode's cpu time over the %d cpus the ranks may use is %.3f s, %.2f of achievable "
+              "(above 1: the cpus, not the store, bound this run)\n",
+              run.cpus, cpu_floor_s, b.achievable_s > 0 ? cpu_floor_s / b.achievable_s : 0.0);
+  // The line to read: both fractions of this run's window.
+  char one_rank_text[32] = "not known";
+  if (b.one_rank >= 0) std::snprintf(one_rank_text, sizeof(one_rank_text), "%.3f", b.fraction_1r);
+  std::printf("  result: window %d: reached %s of achievable by the 1-rank count, %.3f by Belady's MIN\n",
+              run.o.window, one_rank_text, b.fraction);
+}
+
+// The cpus' bound: the node's copies at the memcpy rate, and which bound binds.
+void print_cpu_bound(const Run& run, const Measured& m, const Bound& b) {
+  const ucm_demo::CopyRate& copy = m.copy;
+  if (!b.copy_known) {
+    std::printf("  bound, cpu: memcpy rate not measured (%s)\n", copy.error.c_str());
+    return;
+  }
+  std::printf("  bound, cpu: each rank copies %.1f MiB into its KV buffer, the node %.1f MiB, at memcpy %.2f GB/s "
+              "on %u threads (%.2f GB/s per core: each thread's best copy in %d passes; median pass %.2f GB/s): %.3f s\n",
+              double(b.copy_bytes_rank) / (1 << 20), double(b.copy_bytes_rank) * run.info.local_size / (1 << 20),
+              copy.best_bytes_per_s / 1e9, copy.threads, copy.best_bytes_per_s / 1e9 / copy.threads, copy.passes,
+              copy.median_bytes_per_s / 1e9, b.bounds.cpu_s);
+  if (b.achievable_s > 0)
+    std::printf("  bound, binding: the %s (store %.3f s by Belady's MIN, cpu %.3f s); reached %.3f of it\n",
+                b.bounds.binding(), b.bounds.store_s, b.bounds.cpu_s, b.fraction_binding);
+}
+
+// ---- --json --------------------------------------------------------------
+std::string json_num(double v, bool known) { return known ? std::to_string(v) : std::string("null"); }
+
+std::string json_esc(const std::string& in) {
+  std::string e;
+  for (char c : in) {
+    if (c == '"' || c == '\\') e += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) e += c;
+  }
+  return e;
+}
+
+// The run, its counts and the store's bound.
+void json_run(FILE* f, const Run& run, const Decode& d, const Measured& m, const Totals& t, const Bound& b) {
+  const Options& o = run.o;
+  const ucm_demo::RawRead& raw = m.raw;
+  const bool rate = b.rate > 0, one = b.rate > 0 && b.one_rank >= 0;
+  std::fprintf(f,
+               "{\n  \"schema\": \"ucm_demo/1\",\n  \"ranks\": %d, \"local_size\": %d, \"nodes\": %d,\n"
+               "  \"prompts\": %d, \"layers\": %d, \"shard_bytes\": %" PRIu64 ", \"cache_bytes\": %" PRIu64
+               ", \"steps\": %d, \"hot\": %d,\n  \"backend\": \"%s\",\n"
+               "  \"prefill_s\": %.6f, \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
+               ",\n  \"unique_shards\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"loads_per_unique\": %.4f,\n"
+               "  \"owner_loads_max\": %" PRIu64 ", \"owner_loads_min\": %" PRIu64 ", \"owner_loads_max_over_min\": %s,\n"
+               "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"bad_shards\": %" PRIu64 ",\n"
+               "  \"bound\": {\n    \"capacity_slots\": %" PRIu64 ", \"resident_at_start\": %zu, \"min_loads\": %" PRIu64
+               ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
+               "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
+               "    \"achievable_s\": %s, \"fraction\": %s, \"fraction_in_tasks\": %s,\n"
+               "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s,\n",
+               run.size, run.info.local_size, run.info.node_count, o.prompts, o.layers, run.shard,
+               uint64_t(run.cfg.cache_bytes), o.steps, o.hot, json_esc(run.cfg.backend).c_str(), run.prefill_s,
+               d.decode_s, t.in_tasks_max, d.tasks, run.unique_shards, b.loads,
+               double(b.loads) / double(run.unique_shards), b.lmax, b.lmin,
+               json_num(b.lmin > 0 ? double(b.lmax) / double(b.lmin) : 0, b.lmin > 0).c_str(),
+               t.node.hits - run.node0.hits, t.node.waits - run.node0.waits, t.node.evictions - run.node0.evictions,
+               t.bad_all, b.capacity, run.resident.size(), b.min_loads, json_esc(raw.error).c_str(),
+               raw.direct && raw.error.empty() ? "true" : "false", raw.passes, raw.threads, raw.bytes_per_pass,
+               json_num(raw.best_bytes_per_s / 1e9, rate).c_str(), json_num(raw.median_bytes_per_s / 1e9, rate).c_str(),
+               json_num(b.achievable_s, rate).c_str(), json_num(b.fraction, rate).c_str(),
+               json_num(b.fraction_tasks, rate).c_str(), b.one_rank >= 0 ? std::to_string(b.one_rank).c_str() : "null",
+               json_num(b.achievable_1r_s, one).c_str(), json_num(b.fraction_1r, one).c_str());
+}
+
+// The cpu bound (the rest of "bound") and the pipeline's own counts.
+void json_cpu_pipeline(FILE* f, const Run& run, const Decode& d, const Measured& m, const Totals& t, const Bound& b) {
+  const ucm_demo::CopyRate& copy = m.copy;
+  const bool known = b.copy_known, both = b.copy_known && b.rate > 0;
+  std::fprintf(f,
+               "    \"cpu_copy_bytes_per_rank\": %" PRIu64 ", \"cpu_copy_cores\": %d, \"memcpy_error\": \"%s\", "
+               "\"memcpy_threads\": %u, \"memcpy_passes\": %d,\n"
+               "    \"memcpy_best_GBps\": %s, \"memcpy_median_GBps\": %s, \"cpu_bound_s\": %s,\n"
+               "    \"binding\": %s, \"fraction_binding\": %s\n  },\n",
+               b.copy_bytes_rank, m.copy_cores, json_esc(copy.error).c_str(), copy.threads, copy.passes,
+               json_num(copy.best_bytes_per_s / 1e9, known).c_str(),
+               json_num(copy.median_bytes_per_s / 1e9, known).c_str(), json_num(b.bounds.cpu_s, known).c_str(),
+               both ? (std::string("\"") + b.bounds.binding() + "\"").c_str() : "null",
+               json_num(b.fraction_binding, both).c_str());
+  std::fprintf(f,
+               "  \"pipeline\": {\n    \"window\": %d, \"kv_layers\": %d, \"flight_max\": %" PRIu64
+               ", \"failed_tasks\": %" PRIu64 ",\n"
+               "    \"submit_s_max\": %.6f, \"wait_s_max\": %.6f, \"verify_s_max\": %.6f, \"barrier_s_max\": %.6f,\n"
+               "    \"cpu_s_sum\": %.6f, \"cpu_s_max\": %.6f, \"app_thread_cpu_s_sum\": %.6f, "
+               "\"verify_cpu_s_sum\": %.6f, \"verify_GBps_per_core\": %.6f, \"cpus\": %d,\n"
+               "    \"voluntary_csw\": %" PRIu64 ", \"involuntary_csw\": %" PRIu64 ", \"raw_threads_tried\": \"%s\"\n"
+               "  }\n}\n",
+               run.o.window, run.o.kv_layers, d.flight_max, t.counts_sum[2], t.split_max[0], t.split_max[1],
+               t.split_max[2], t.split_max[3], t.cpu_sum[0], t.cpu_max, t.cpu_sum[1], t.cpu_sum[2],
+               b.verify_rate / 1e9, run.cpus, t.counts_sum[0], t.counts_sum[1], json_esc(m.raw.tried).c_str());
+}
+
+// False (and a line on stderr) when the file cannot be written.
+bool write_json(const Run& run, const Decode& d, const Measured& m, const Totals& t, const Bound& b) {
+  FILE* f = std::fopen(run.o.json.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "ucm_demo: cannot write %s: %s\n", run.o.json.c_str(), std::strerror(errno));
+    return false;
+  }
+  json_run(f, run, d, m, t, b);
+  json_cpu_pipeline(f, run, d, m, t, b);
+  std::fclose(f);
+  return true;
+}
+
+// Rank 0's summary, bound and --json; bad_all counts a lost --json as a failure.
+void report(const Run& run, const Decode& d, const Measured& m, Totals* t) {
+  const Bound b = bound_of(run, d, m, *t);
+  print_summary(run, d, *t, b);
+  print_store_bound(run, d, m, *t, b);
+  print_cpu_bound(run, m, b);
+  if (!run.o.json.empty() && !write_json(run, d, m, *t, b))
+    t->bad_all += 1;  // the run fails: its result was asked for and is lost
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Run run;
+  MPI_Comm_rank(MPI_COMM_WORLD, &run.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &run.size);
+  if (!parse(argc, argv, &run.o)) {
+    if (run.rank == 0)
+      std::fprintf(stderr, "usage: mpirun -np N ucm_demo [--prompts N] [--layers L] [--shard-kib K] [--cache-mib M] "
+                           "[--steps S] [--hot H] [--store DIR] [--backend SPEC] [--raw-passes P] "
+                           "[--one-rank-loads N] [--window W] [--kv-layers B] [--decode-only] [--json PATH]\n");
+    MPI_Finalize();
+    return 2;
+  }
+  make_store(run);
+  open_cache(run);
+  const ucm_demo::KvPattern pattern(run.shard);
+  prefill(run, pattern);
+  bound_start(run);
+  Decode d;
+  decode(run, pattern, &d);
+  Measured m;
+  measure(run, &m);
+  Totals t;
+  reduce_totals(run, d, &t);
+  if (run.rank == 0) report(run, d, m, &t);
+  const ucm_result_t r = ucm_cache_finalize(&run.cache);
+  if (r != UCM_OK) die(run.rank, "ucm_cache_finalize", r, ucm_last_error(nullptr));
   MPI_Barrier(MPI_COMM_WORLD);
-  if (own_store) std::filesystem::remove_all(store);
+  if (run.own_store) std::filesystem::remove_all(run.store);
   MPI_Finalize();
-  return bad_all == 0 || rank != 0 ? (bad == 0 ? 0 : 1) : 1;
+  return t.bad_all == 0 || run.rank != 0 ? (d.bad == 0 ? 0 : 1) : 1;
 }
