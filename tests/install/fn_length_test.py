@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-"""No function in lib/ or python/src/ is over 60 lines (signature line through closing brace).
+"""No function in lib/, python/src/ or apps/ is over 60 lines (signature line through closing brace).
 
 The project's rule (docs/design.md, section 3), as a build fact: every
-function definition under lib/ (.cpp and .h) is found and measured from the
-first line of its signature (after any `template <...>` line) through its
-closing brace; one over the limit fails the test, named by file:line, name and
-length. A file the scanner cannot follow (braces that do not balance) fails
+function definition under lib/, python/src/ and apps/ (.cpp and .h) is found
+and measured from the first line of its signature (after any `template <...>`
+line) through its closing brace; one over the limit fails the test, named by
+file:line, name and length. A file the scanner cannot follow (braces that do not balance) fails
 too, so that nothing escapes the rule by confusing it.
 
 How it reads C++: comments, string literals (raw ones too), character
@@ -19,7 +19,7 @@ braced member initializers are stepped over), anything else (an aggregate
 initializer, an enum) is skipped. A function body is skipped by brace
 matching, so the lambdas and local classes inside it count toward it.
 
-usage: fn_length_test.py SOURCE_ROOT [MAX]   scan SOURCE_ROOT/lib and SOURCE_ROOT/python/src
+usage: fn_length_test.py SOURCE_ROOT [MAX]   scan SOURCE_ROOT/lib, SOURCE_ROOT/python/src and SOURCE_ROOT/apps
        fn_length_test.py --self-test          the scanner's own cases
 """
 import os
@@ -27,8 +27,9 @@ import re
 import sys
 
 MAX_LINES = 60
-# The library and the Python module's C++ (the same rule for both).
-SCANNED = ("lib", os.path.join("python", "src"))
+# The library, the Python module's C++ and the programs users run (ucm_demo,
+# ucm_info): the same rule for all three.
+SCANNED = ("lib", os.path.join("python", "src"), "apps")
 _QUALIFIERS = {"const", "noexcept", "override", "final", "volatile", "mutable", "try"}
 _CLASS_KEYS = {"class", "struct", "union"}
 _ACCESS = {"public", "private", "protected"}
