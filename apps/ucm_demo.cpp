@@ -81,18 +81,24 @@ struct Options {
   std::string json;
 };
 
-// A whole-number option, or exit 2 naming the value (parse() checks the range).
-int int_arg(const char* name, const char* v) {
+// A whole-number option in [lo, hi], or exit 2 naming the flag and the value.
+long long whole_arg(const char* name, const char* v, long long lo = INT32_MIN, long long hi = INT32_MAX) {
   char* end = nullptr;
   errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (x < INT32_MIN || x > INT32_MAX) errno = ERANGE;
+  const long long x = std::strtoll(v, &end, 10);
   if (errno != 0 || end == v || *end != '\0') {
     std::fprintf(stderr, "ucm_demo: %s %s: not a whole number%s\n", name, v, errno == ERANGE ? " that fits" : "");
     std::exit(2);
   }
-  return static_cast<int>(x);
+  if (x < lo || x > hi) {
+    if (x < lo) std::fprintf(stderr, "ucm_demo: %s %s: at least %lld\n", name, v, lo);
+    else std::fprintf(stderr, "ucm_demo: %s %s: at most %lld\n", name, v, hi);
+    std::exit(2);
+  }
+  return x;
 }
+// A whole number that fits an int; validate() checks its range.
+int int_arg(const char* name, const char* v) { return static_cast<int>(whole_arg(name, v)); }
 
 [[noreturn]] void die(int rank, const char* what, ucm_result_t r, const char* detail) {
   std::fprintf(stderr, "ucm_demo rank %d: %s: %s: %s\n", rank, what, ucm_result_string(r), detail);
@@ -114,16 +120,16 @@ bool parse_flags(int argc, char** argv, Options* o) {
       }
       return argv[++i];
     };
-    if (a == "--prompts") o->prompts = std::atoi(next("--prompts"));
-    else if (a == "--layers") o->layers = std::atoi(next("--layers"));
-    else if (a == "--shard-kib") o->shard_kib = std::strtoull(next("--shard-kib"), nullptr, 10);
-    else if (a == "--cache-mib") o->cache_mib = std::strtoull(next("--cache-mib"), nullptr, 10);
-    else if (a == "--steps") o->steps = std::atoi(next("--steps"));
-    else if (a == "--hot") o->hot = std::atoi(next("--hot"));
+    if (a == "--prompts") o->prompts = int(whole_arg("--prompts", next("--prompts"), 1));
+    else if (a == "--layers") o->layers = int(whole_arg("--layers", next("--layers"), 1));
+    else if (a == "--shard-kib") o->shard_kib = whole_arg("--shard-kib", next("--shard-kib"), 4, 1ll << 22);
+    else if (a == "--cache-mib") o->cache_mib = whole_arg("--cache-mib", next("--cache-mib"), 1, 1ll << 30);
+    else if (a == "--steps") o->steps = int(whole_arg("--steps", next("--steps"), 1));
+    else if (a == "--hot") o->hot = int(whole_arg("--hot", next("--hot"), 0));
     else if (a == "--store") o->store = next("--store");
     else if (a == "--backend") o->backend = next("--backend");
-    else if (a == "--raw-passes") o->raw_passes = std::atoi(next("--raw-passes"));
-    else if (a == "--one-rank-loads") o->one_rank_loads = std::atoll(next("--one-rank-loads"));
+    else if (a == "--raw-passes") o->raw_passes = int(whole_arg("--raw-passes", next("--raw-passes"), 0, 100));
+    else if (a == "--one-rank-loads") o->one_rank_loads = whole_arg("--one-rank-loads", next("--one-rank-loads"), 0, INT64_MAX);
     else if (a == "--window") o->window = int_arg("--window", next("--window"));
     else if (a == "--kv-layers") o->kv_layers = int_arg("--kv-layers", next("--kv-layers"));
     else if (a == "--decode-only") o->decode_only = true;
@@ -139,10 +145,8 @@ bool parse_flags(int argc, char** argv, Options* o) {
 
 // The options' ranges, each bad value named; then the KV buffer's default size.
 bool validate(Options* o) {
-  if (o->prompts < 1 || o->layers < 1 || o->shard_kib < 4 || o->cache_mib < 1 || o->steps < 1 || o->hot < 0 ||
-      o->hot > o->prompts || o->raw_passes < 0 || o->raw_passes > 100 || o->one_rank_loads < -1) {
-    std::fprintf(stderr, "ucm_demo: out-of-range option (prompts, layers >= 1; shard-kib >= 4; 0 <= hot <= prompts; "
-                         "0 <= raw-passes <= 100; one-rank-loads >= 0)\n");
+  if (o->hot > o->prompts) {  // each flag's own range: parse_flags (whole_arg)
+    std::fprintf(stderr, "ucm_demo: --hot %d: at most --prompts %d (the hot blocks are prompts)\n", o->hot, o->prompts);
     return false;
   }
   if (uint64_t(o->layers) > ucm_demo::kMaxKvLayers) {

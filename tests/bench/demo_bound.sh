@@ -111,6 +111,20 @@ refused "--kv-layers -1: at least 1" --kv-layers -1
 refused "--window 100000: at most 256" --window 100000
 refused "--decode-only needs the store" --decode-only
 refused "--layers 65537: at most 65536" --layers 65537
+# Every number flag: a value that is not a whole number, or out of its range,
+# is refused naming the flag and the value (atoi once read "x" as 0).
+refused "--prompts x: not a whole number" --prompts x
+refused "--prompts 0: at least 1" --prompts 0
+refused "--layers 3x: not a whole number" --layers 3x
+refused "--shard-kib 2: at least 4" --shard-kib 2
+refused "--shard-kib -16: at least 4" --shard-kib -16
+refused "--cache-mib 0: at least 1" --cache-mib 0
+refused "--steps 1.5: not a whole number" --steps 1.5
+refused "--hot -1: at least 0" --hot -1
+refused "--hot 40: at most --prompts 32" --prompts 32 --hot 40
+refused "--raw-passes 101: at most 100" --raw-passes 101
+refused "--one-rank-loads many: not a whole number" --one-rank-loads many
+refused "--one-rank-loads 99999999999999999999: not a whole number that fits" --one-rank-loads 99999999999999999999
 echo "bad options: refused, each naming its value"
 
 # ---- a corrupt shard in the store: reported, counted, exit non-zero --------
