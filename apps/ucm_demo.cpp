@@ -662,8 +662,10 @@ void print_summary(const Run& run, const Decode& d, const Totals& t, const Bound
   const double unique = double(o.prompts) * o.layers;
   const double asked = double(node.hits + node.owner_loads + node.waits);
   std::printf("ucm_demo summary (node 0 unless said):\n");
-  std::printf("  prefill: %.3f s, %" PRIu64 " shards written through once per node (%.0f unique)\n", run.prefill_s,
-              node.dumps, unique);
+  // Dumps are not protected (docs/design.md 5.8): a shard a fast rank dumped
+  // and the cache evicted before a slower rank dumped it is written again.
+  std::printf("  prefill: %.3f s, %" PRIu64 " write-throughs for %.0f unique shards (%.2f per unique shard, node 0)\n",
+              run.prefill_s, run.node0.dumps, unique, double(run.node0.dumps) / unique);
   std::printf("  decode:  %" PRIu64 " tasks per rank in %.3f s, hit rate %.1f%%, waits %" PRIu64 ", evictions %" PRIu64
               ", prealloc %" PRIu64 " made / %" PRIu64 " used\n",
               d.tasks, d.decode_s, asked > 0 ? 100.0 * double(node.hits) / asked : 0.0, node.waits, node.evictions,
@@ -774,7 +776,7 @@ void json_run(FILE* f, const Run& run, const Decode& d, const Measured& m, const
                "{\n  \"schema\": \"ucm_demo/1\",\n  \"ranks\": %d, \"local_size\": %d, \"nodes\": %d,\n"
                "  \"prompts\": %d, \"layers\": %d, \"shard_bytes\": %" PRIu64 ", \"cache_bytes\": %" PRIu64
                ", \"steps\": %d, \"hot\": %d,\n  \"backend\": \"%s\",\n"
-               "  \"prefill_s\": %.6f, \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
+               "  \"prefill_s\": %.6f, \"prefill_writes\": %" PRIu64 ", \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
                ",\n  \"unique_shards\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"loads_per_unique\": %.4f,\n"
                "  \"owner_loads_max\": %" PRIu64 ", \"owner_loads_min\": %" PRIu64 ", \"owner_loads_max_over_min\": %s,\n"
                "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"bad_shards\": %" PRIu64 ",\n"
@@ -785,7 +787,7 @@ void json_run(FILE* f, const Run& run, const Decode& d, const Measured& m, const
                "    \"one_rank_loads\": %s, \"achievable_one_rank_s\": %s, \"fraction_one_rank\": %s,\n",
                run.size, run.info.local_size, run.info.node_count, o.prompts, o.layers, run.shard,
                uint64_t(run.cfg.cache_bytes), o.steps, o.hot, json_esc(run.cfg.backend).c_str(), run.prefill_s,
-               d.decode_s, t.in_tasks_max, d.tasks, run.unique_shards, b.loads,
+               run.node0.dumps, d.decode_s, t.in_tasks_max, d.tasks, run.unique_shards, b.loads,
                double(b.loads) / double(run.unique_shards), b.lmax, b.lmin,
                json_num(b.lmin > 0 ? double(b.lmax) / double(b.lmin) : 0, b.lmin > 0).c_str(),
                t.node.hits - run.node0.hits, t.node.waits - run.node0.waits, t.node.evictions - run.node0.evictions,

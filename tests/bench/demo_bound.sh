@@ -27,6 +27,11 @@ def need(ok, what):
 need(d["ranks"] == np, "ranks == %d" % np)
 need(d["pipeline"]["failed_tasks"] == 0, "no load task failed")
 need(d["bad_shards"] == 0, "every byte verified")
+# Prefill: every rank dumps every shard; the node writes each at least once,
+# and again only when it was evicted before a slower rank dumped it.
+need(d["unique_shards"] <= d["prefill_writes"] <= d["unique_shards"] * d["local_size"], "unique <= prefill writes <= ranks x unique")
+if np == 1:
+    need(d["prefill_writes"] == d["unique_shards"], "1 rank: each shard written once")
 need(b["raw_error"] == "", "a raw read rate was measured")
 need(b["raw_bytes_per_pass"] > 0 and b["raw_best_GBps"] > 0, "the raw read read something")
 need(b["capacity_slots"] == 128, "capacity = regular + reserved slots (64 + 64)")
@@ -55,7 +60,7 @@ PY
 
 "$mpirun" --oversubscribe --timeout 100 -np 1 "$demo" "${args[@]}" --json "$out/demo-np1.json" > "$out/demo-np1.txt"
 for line in "bound: min loads" "bound: raw read" "bound: achievable decode" "bound, the issue's count (the loads 1 rank" \
-  "bound, cpu: each rank copies" "bound, binding: the " "  verifying: "; do
+  "bound, cpu: each rank copies" "bound, binding: the " "  verifying: " " write-throughs for 256 unique shards (1.00 per unique shard"; do
   grep -qF "$line" "$out/demo-np1.txt" || { echo "np 1: no '$line' in the summary:"; cat "$out/demo-np1.txt"; exit 1; }
 done
 check "$out/demo-np1.json" 1
