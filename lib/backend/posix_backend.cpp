@@ -19,6 +19,7 @@
 #endif
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 
 namespace ucm {
@@ -418,6 +419,7 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
 }
 
 void PosixBackend::worker() {
+  name_this_thread("posix");
   for (;;) {
     std::pair<IoRequest*, bool> item;
     bool nothing_queued = false;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/time.h"
 #include "common/trace.h"
 
@@ -158,6 +159,7 @@ void PosixRing::arm_bell() {
 }
 
 void PosixRing::main() {
+  name_this_thread("uring");
   for (;;) {
     start_queued();
     {

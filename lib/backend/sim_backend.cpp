@@ -5,6 +5,7 @@
 
 #include "backend/sim_content.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 #include "common/time.h"
 
@@ -247,6 +248,7 @@ bool SimBackend::should_fail(const Key& k) {
 }
 
 void SimBackend::worker() {
+  name_this_thread("sim");
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     if (stopping_) return;

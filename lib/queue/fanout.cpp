@@ -7,6 +7,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/time.h"
 
 namespace ucm {
@@ -122,6 +123,7 @@ std::string Fanout::describe() const {
 }
 
 void Fanout::main() {
+  name_this_thread("fanout");
   for (;;) {
     Turn turn;
     {

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/small_buffer.h"
 #include "common/time.h"
 #include "common/trace.h"
@@ -199,6 +200,7 @@ void LoadQueue::flush_batch() {
 
 void LoadQueue::dispatcher_main() {
   t_dispatching = this;
+  name_this_thread("disp", opts_.local_rank);
   if (bind_this_thread(placement_, ThreadRole::kDispatcher) != Result::kOk)
     UCM_WARN("dispatcher of rank %u: %s", opts_.local_rank, last_error().c_str());
   for (;;) {
@@ -620,6 +622,7 @@ void LoadQueue::load_done(Io& io) {
 // ---- copier -------------------------------------------------------------------
 
 void LoadQueue::copier_main() {
+  name_this_thread("copy", opts_.local_rank);
   if (bind_this_thread(placement_, ThreadRole::kCopier) != Result::kOk)
     UCM_WARN("copier of rank %u: %s", opts_.local_rank, last_error().c_str());
   // Entries whose slot is still being filled. Each round looks at all of

@@ -29,6 +29,7 @@
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
 #include "common/log_capture.h"
+#include "common/thread_names.h"
 #include "ucm_build_config.h"
 
 namespace ucm::test {
@@ -339,6 +340,26 @@ std::string no_ring_here() {
   std::unique_ptr<Backend> probe;
   const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
   return made == Result::kUnsupported ? "the kernel refuses io_uring here: " + last_error() : "";
+}
+
+// The store's threads carry names (common/thread_name.h): a profile of a job
+// says which threads are the store's I/O, by engine.
+TEST(PosixBackend, ItsThreadsAreNamedByEngine) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  {
+    auto b = make_posix(dir.path, 4096, 4, ",depth=3,direct=off,engine=threads");
+    ASSERT_NE(b, nullptr);
+    std::multiset<std::string> names;
+    for (int i = 0; i < 2000 && (names = thread_names()).count("ucm-posix") < 3; ++i) usleep(1000);
+    EXPECT_EQ(names.count("ucm-posix"), 3u) << "one per I/O thread (depth=3)";
+  }
+  if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
+  auto b = make_posix(dir.path, 4096, 4, ",depth=3,direct=off,engine=uring");
+  ASSERT_NE(b, nullptr);
+  std::multiset<std::string> names;
+  for (int i = 0; i < 2000 && (names = thread_names()).count("ucm-uring") < 1; ++i) usleep(1000);
+  EXPECT_EQ(names.count("ucm-uring"), 1u);
 }
 
 // The registered-buffer tests: io_uring and a directory on a disk that takes
