@@ -1,0 +1,91 @@
+// host_copy (device/host_copy.h): byte for byte what memcpy writes, at every
+// alignment of either side and every size around the loop's steps, nothing
+// written outside the destination; the vector path taken exactly where the
+// header says, and by the host engine's copies.
+#include <sys/mman.h>
+
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "device/host_copy.h"
+#include "device/host_engine.h"
+
+namespace ucm::test {
+namespace {
+
+constexpr uint8_t kGuard = 0xa5;
+
+// A page-aligned mapping, so that the offsets below are offsets from a page.
+struct Pages {
+  explicit Pages(size_t bytes) : n(bytes) {
+    void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+  }
+  ~Pages() {
+    if (p != nullptr) munmap(p, n);
+  }
+  uint8_t* p;
+  size_t n;
+};
+
+void check_copy(void (*copy)(void*, const void*, size_t), const char* what) {
+  const size_t sizes[] = {0, 1, 31, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 4095, 4096, 16391, 70001};
+  const size_t src_offsets[] = {0, 1, 16, 63};
+  Pages src(80 * 1024), dst(80 * 1024 + 256);
+  ASSERT_NE(src.p, nullptr);
+  ASSERT_NE(dst.p, nullptr);
+  for (size_t i = 0; i < src.n; ++i) src.p[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t so : src_offsets)
+    for (size_t dof = 0; dof <= 64; ++dof)
+      for (size_t n : sizes) {
+        std::memset(dst.p, kGuard, dst.n);
+        copy(dst.p + 64 + dof, src.p + so, n);
+        const uint8_t* d = dst.p + 64 + dof;
+        ASSERT_EQ(std::memcmp(d, src.p + so, n), 0) << what << ": " << n << " bytes, dst +" << dof << ", src +" << so;
+        for (size_t k = 0; k < 64 + dof; ++k)
+          ASSERT_EQ(dst.p[k], kGuard) << what << ": wrote before the destination (" << n << " bytes, dst +" << dof << ")";
+        for (size_t k = 64 + dof + n; k < dst.n; ++k)
+          ASSERT_EQ(dst.p[k], kGuard) << what << ": wrote past the destination (" << n << " bytes, dst +" << dof << ")";
+      }
+}
+
+TEST(HostCopy, WritesWhatMemcpyWritesAtEveryAlignmentAndNothingElse) { check_copy(&host_copy, "host_copy"); }
+
+TEST(HostCopy, TheVectorLoopAloneWritesWhatMemcpyWrites) {
+  if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  check_copy(&vector_copy, "vector_copy");
+}
+
+TEST(HostCopy, TakesTheVectorPathOnlyBetweenMutuallyMisalignedBuffersOfAShardsSize) {
+  if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  Pages a(4096), b(4096);
+  ASSERT_NE(a.p, nullptr);
+  EXPECT_EQ(host_copy_path(b.p + 16, a.p, 16384), CopyPath::kVector) << "a slot (page) into malloc's +16";
+  EXPECT_EQ(host_copy_path(b.p + 16, a.p + 16, 16384), CopyPath::kMemcpy) << "aligned alike";
+  EXPECT_EQ(host_copy_path(b.p + 64, a.p, 16384), CopyPath::kMemcpy) << "64 apart: aligned alike";
+  EXPECT_EQ(host_copy_path(b.p + 1, a.p, kVectorCopyMin), CopyPath::kVector);
+  EXPECT_EQ(host_copy_path(b.p + 1, a.p, kVectorCopyMin - 1), CopyPath::kMemcpy) << "too small";
+  EXPECT_EQ(host_copy_path(b.p + 1, a.p, kVectorCopyMax), CopyPath::kVector);
+  EXPECT_EQ(host_copy_path(b.p + 1, a.p, kVectorCopyMax + 1), CopyPath::kMemcpy) << "memcpy's non-temporal stores";
+}
+
+TEST(HostCopy, TheHostEnginesCopiesTakeIt) {
+  if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  auto engine = make_host_engine(0);
+  std::unique_ptr<CopyStream> stream;
+  ASSERT_EQ(engine->open_stream(&stream), Result::kOk);
+  Pages src(16384), dst(16384 + 4096);
+  ASSERT_NE(src.p, nullptr);
+  for (size_t i = 0; i < src.n; ++i) src.p[i] = static_cast<uint8_t>(i ^ 0x5c);
+  const uint64_t before = vector_copies_on_this_thread();
+  uint64_t ticket = 0;
+  ASSERT_EQ(stream->copy(dst.p + 16, src.p, 16384, &ticket), Result::kOk);
+  ASSERT_EQ(stream->wait(ticket), Result::kOk);
+  EXPECT_EQ(vector_copies_on_this_thread(), before + 1);
+  EXPECT_EQ(std::memcmp(dst.p + 16, src.p, 16384), 0);
+}
+
+}  // namespace
+}  // namespace ucm::test
