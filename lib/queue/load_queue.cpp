@@ -8,12 +8,13 @@
 #include <unordered_set>
 
 #include "common/log.h"
-#include "common/thread_name.h"
 #include "common/small_buffer.h"
+#include "common/thread_name.h"
 #include "common/time.h"
 #include "common/trace.h"
 #include "ctrl/layout.h"
 #include "ctrl/protect.h"
+#include "device/host_copy.h"
 #include "sync/futex.h"
 #include "queue/load_queue_impl.h"
 #include "queue/rearrange.h"
@@ -127,7 +128,7 @@ bool LoadQueue::run_inline(Task& t) {
   const uint64_t bytes = cache_->ctrl().slot_bytes();
   {
     UCM_TRACE(TraceRange::kCopy);
-    for (size_t i = 0; i < n; ++i) std::memcpy(es[i].dst, cache_->data_at(slots[i]), bytes);
+    for (size_t i = 0; i < n; ++i) host_copy(es[i].dst, cache_->data_at(slots[i]), bytes);  // the host engine's copy
   }
   cache_->release_ready_pins(slots.data(), n);
   add(ctr_->bytes_to_device, bytes * n);
