@@ -471,7 +471,7 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   if (!queue_)
     return fail(Result::kBadState, "local rank %d is a scheduler rank (device_id %d): it cannot %s shards",
                 node_.local_rank, device_id_, kind == TaskKind::kLoad ? "load" : "dump");
-  const uint64_t tid = next_task_id_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t tid = new_task_id();
   if (engine_) {
     const Result bad = check_app_buffers(kind, entries);
     if (bad != Result::kOk) {
@@ -511,8 +511,30 @@ Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& ent
   return Result::kOk;
 }
 
-// A task already done (the inline path finishes it before ucm_load_task
-// returns) leaves the table in the hold that finds it: one lock, no clock.
+uint64_t Cache::new_task_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+
+Result unknown_task(uint64_t id) {
+  return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
+}
+
+// A retired task's result, with its message.
+Result task_result(const Task& t) {
+  const Result r = t.result();
+  if (r != Result::kOk) return fail(r, "%s", t.error().c_str());
+  return Result::kOk;
+}
+
+}  // namespace
+
+// A task's result goes to the one call that takes it out of the table (a
+// wait or a test: several threads may finish the same task). A task already
+// done (the inline path finishes it before ucm_load_task returns) leaves the
+// table in the hold that finds it: one lock, no clock.
 Result Cache::wait(uint64_t id, int64_t timeout_ms) {
   std::shared_ptr<Task> t;
   bool taken = false;
@@ -520,8 +542,7 @@ Result Cache::wait(uint64_t id, int64_t timeout_ms) {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
-    if (it == tasks_.end())
-      return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
+    if (it == tasks_.end()) return unknown_task(id);
     taken = it->second->done();
     if (taken) {
       t = std::move(it->second);
@@ -531,11 +552,11 @@ Result Cache::wait(uint64_t id, int64_t timeout_ms) {
     }
   }
   if (!taken) UCM_CHECK(wait_running(*t, id, timeout_ms));
-  const Result r = t->result();
-  if (r != Result::kOk) return fail(r, "%s", t->error().c_str());
-  return Result::kOk;  // the task is freed here, outside the lock
+  return task_result(*t);  // the task is freed here, outside the lock
 }
 
+// Waits for a task found running, then takes it out of the table, unless
+// another thread's wait or test took it first: that call has its result.
 Result Cache::wait_running(const Task& t, uint64_t id, int64_t timeout_ms) {
   // Negative, or too large to add to the clock: no bound.
   const uint64_t deadline = timeout_ms < 0 ? kNoDeadline : deadline_after_ms(static_cast<uint64_t>(timeout_ms));
@@ -546,21 +567,27 @@ Result Cache::wait_running(const Task& t, uint64_t id, int64_t timeout_ms) {
     return fail(Result::kTimeout, "task %" PRIu64 " still running after %" PRId64 " ms", id, timeout_ms);
   }
   std::lock_guard<std::mutex> g(tasks_mu_);
-  tasks_.erase(id);
+  if (tasks_.erase(id) == 0)
+    return fail(Result::kUnknownTask, "task %" PRIu64 " was retired by another thread's wait or test", id);
   return Result::kOk;
 }
 
+// One hold: a done task is taken out of the table where it is found, so two
+// threads testing it never both see it done.
 Result Cache::test(uint64_t id, int* done) {
+  *done = 0;
+  std::shared_ptr<Task> t;
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
     auto it = tasks_.find(id);
-    if (it == tasks_.end())
-      return fail(Result::kUnknownTask, "task %" PRIu64 " is not a task of this cache (or was already waited for)", id);
-    *done = it->second->done() ? 1 : 0;
+    if (it == tasks_.end()) return unknown_task(id);
+    if (!it->second->done()) return Result::kOk;
+    t = std::move(it->second);
+    tasks_.erase(it);
   }
-  if (!*done) return Result::kOk;
-  return wait(id, 0);
+  *done = 1;
+  return task_result(*t);
 }
 
 namespace {

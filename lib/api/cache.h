@@ -113,6 +113,9 @@ class Cache {
   // wait()'s part for a task not done when it looked: sleeps until done,
   // then takes it out of the table.
   Result wait_running(const Task& t, uint64_t id, int64_t timeout_ms);
+  // A task's handle: unique in the process, so that no cache ever holds a
+  // task under another cache's handle.
+  static uint64_t new_task_id();
   Result open_rank();
   Result open_fanout();  // init step 7 (api/cache_fanout.cpp)
   // Tears down what this rank holds; the store's I/O threads get until
@@ -143,7 +146,6 @@ class Cache {
   std::mutex tasks_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared
-  std::atomic<uint64_t> next_task_id_{1};
   mutable std::mutex error_mu_;
   std::string error_;
 };

@@ -73,12 +73,7 @@ Result Cache::open_fanout() {
 
 void Cache::reject_load(uint64_t n, const std::string& why) {
   if (!fanout_) return;
-  uint64_t tid;
-  {
-    std::lock_guard<std::mutex> g(tasks_mu_);
-    tid = next_task_id_++;
-  }
-  fanout_->reject(tid, n, why);
+  fanout_->reject(new_task_id(), n, why);
 }
 
 void Cache::fanout_stats(ucm_stats_t* s) const {
