@@ -28,6 +28,13 @@ extern "C" {
  * or a NULL cache still takes part, and every rank returns
  * UCM_ERR_NULL_POINTER. The config is read as its struct_bytes says (an
  * older app's smaller config works, the fields it lacks at their defaults).
+ * MPI must be initialized: before MPI_Init or after MPI_Finalize the result is
+ * UCM_ERR_BAD_STATE, and MPI_COMM_NULL (a rank that MPI_Comm_split left out)
+ * UCM_ERR_INVALID_ARG; both return at once on that rank, with no collective
+ * (no communicator joins this rank to the others). The cache may be finalized
+ * after MPI_Finalize (from an atexit handler): the ranks meet through shared
+ * memory, and the communicators, which MPI has freed, are not freed again;
+ * with UCM_FANOUT=mpi, finalize it before MPI_Finalize.
  * Threads: the thread that calls MPI for the app, as any collective; not at
  * the same time as another ucm_cache_init or ucm_cache_finalize on comm. */
 UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, ucm_cache_t* cache);

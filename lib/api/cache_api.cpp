@@ -5,6 +5,7 @@
 
 #include "api/config.h"
 #include "api/handles.h"
+#include "boot/node.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "common/time.h"
@@ -18,6 +19,7 @@ UCM_API ucm_result_t ucm_cache_init(MPI_Comm comm, const ucm_config_t* config, u
   UCM_TRACE(ucm::TraceRange::kInit);
   if (cache) *cache = nullptr;
   return finish_call(nullptr, guarded("ucm_cache_init", [&] {
+    UCM_CHECK(ucm::check_mpi_usable(comm));
     // A bad argument on this rank still joins every collective step, so that
     // its peers return the same error instead of waiting for it.
     ucm::Result arg = ucm::Result::kOk;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "boot/node.h"
 #include "common/time.h"
 
 namespace ucm {
@@ -26,7 +27,8 @@ class MpiCollective final : public Collective {
   ~MpiCollective() override {
     // A communicator with a collective given up on stays (its requests may
     // still complete into the kept staging).
-    if (!broken_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // After MPI_Finalize, MPI has freed it (and must not be called).
+    if (!broken_ && comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
   }
   const char* name() const override { return "mpi"; }
   std::string describe() const override {

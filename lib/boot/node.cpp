@@ -101,7 +101,28 @@ Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out)
   return r;
 }
 
+bool mpi_finalized() {
+  int finalized = 0;
+  return MPI_Finalized(&finalized) == MPI_SUCCESS && finalized != 0;
+}
+
+Result check_mpi_usable(MPI_Comm comm) {
+  int initialized = 0;
+  if (mpi_finalized())
+    return fail(Result::kBadState, "MPI was finalized (MPI_Finalize was called): ucm_cache_init runs between MPI_Init "
+                "and MPI_Finalize");
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized)
+    return fail(Result::kBadState, "MPI is not initialized: call MPI_Init (or MPI_Init_thread) before ucm_cache_init");
+  if (comm == MPI_COMM_NULL)
+    return fail(Result::kInvalidArg, "comm is MPI_COMM_NULL: this rank is in no communicator to share a cache over");
+  return Result::kOk;
+}
+
 void node_teardown(NodeContext* n) {
+  if (mpi_finalized()) {
+    n->node = n->comm = MPI_COMM_NULL;
+    return;
+  }
   if (n->node != MPI_COMM_NULL) MPI_Comm_free(&n->node);
   if (n->comm != MPI_COMM_NULL) MPI_Comm_free(&n->comm);
 }

@@ -41,7 +41,17 @@ struct NodeContext {
 // result through collective_status(out->comm, ...) so that every rank of
 // every node gets it. With out->comm null nothing collective is possible.
 [[nodiscard]] Result node_setup(MPI_Comm comm, uint32_t ranks_per_node, NodeContext* out);
+// Frees the communicators, unless MPI was finalized (MPI freed them then: a
+// cache may be finalized after MPI_Finalize, from an atexit handler).
 void node_teardown(NodeContext* n);
+
+// Whether ucm_cache_init can use MPI and `comm`, checked before any MPI call
+// (no collective: a rank in the wrong state could not join one anyway):
+// kBadState before MPI_Init or after MPI_Finalize, kInvalidArg for
+// MPI_COMM_NULL (a rank that MPI_Comm_split left out), each naming it.
+[[nodiscard]] Result check_mpi_usable(MPI_Comm comm);
+// MPI_Finalized, as a bool: teardown after MPI_Finalize must not call MPI.
+bool mpi_finalized();
 
 // Every rank of `comm` learns whether all succeeded; if not, every rank
 // returns the first failing rank's result and message ("rank 3: ...").
