@@ -371,6 +371,7 @@ void config_defaults(ucm_config_t* c) {
 }
 
 Result config_from_env(ucm_config_t* c) {
+  UCM_CHECK(log_check_env());
   for (const Tunable& t : kTable) UCM_CHECK(env_one(t, c));
   return Result::kOk;
 }

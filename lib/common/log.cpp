@@ -39,24 +39,49 @@ const char* subsys_name(Subsys s) {
   return "?";
 }
 
+// UCM_LOG's value as a level: false for a name it does not know.
+bool parse_level(const char* v, LogLevel* out) {
+  const struct {
+    const char* name;
+    LogLevel level;
+  } levels[] = {{"warn", LogLevel::kWarn}, {"info", LogLevel::kInfo}, {"debug", LogLevel::kDebug}};
+  for (const auto& l : levels)
+    if (!std::strcmp(v, l.name)) return *out = l.level, true;
+  return false;
+}
+
+// UCM_LOG_SUBSYS's comma-separated list as a mask (empty items skipped; an
+// empty list is every subsystem): false, with *bad the first item it does not
+// know.
+bool parse_subsys(const std::string& all, uint32_t* mask, std::string* bad) {
+  uint32_t m = 0;
+  bool any = false;
+  for (size_t pos = 0; pos <= all.size();) {
+    size_t end = all.find(',', pos);
+    if (end == std::string::npos) end = all.size();
+    const std::string item = all.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    any = true;
+    uint32_t bits = 0;
+    for (const auto& n : kSubsysNames)
+      if (item == "all" || item == n.name) bits |= static_cast<uint32_t>(n.subsys);
+    if (bits == 0) return *bad = item, false;
+    m |= bits;
+  }
+  *mask = any ? m : ~0u;
+  return true;
+}
+
+// A bad value leaves the default (warn, every subsystem): ucm_config_init
+// reports it (log_check_env).
 LogSettings read_settings() {
   LogSettings s;
-  if (const char* lvl = std::getenv("UCM_LOG")) {
-    if (!std::strcmp(lvl, "info")) s.level = LogLevel::kInfo;
-    else if (!std::strcmp(lvl, "debug")) s.level = LogLevel::kDebug;
-  }
-  if (const char* list = std::getenv("UCM_LOG_SUBSYS"); list && *list) {
-    s.subsys_mask = 0;
-    std::string all(list);
-    size_t pos = 0;
-    while (pos <= all.size()) {
-      size_t end = all.find(',', pos);
-      if (end == std::string::npos) end = all.size();
-      std::string item = all.substr(pos, end - pos);
-      for (const auto& n : kSubsysNames)
-        if (item == n.name || item == "all") s.subsys_mask |= static_cast<uint32_t>(n.subsys);
-      pos = end + 1;
-    }
+  if (const char* lvl = std::getenv("UCM_LOG")) (void)parse_level(lvl, &s.level);
+  if (const char* list = std::getenv("UCM_LOG_SUBSYS")) {
+    uint32_t mask = 0;
+    std::string bad;
+    if (parse_subsys(list, &mask, &bad)) s.subsys_mask = mask;
   }
   gethostname(s.host, sizeof(s.host) - 1);
   return s;
@@ -72,6 +97,20 @@ std::atomic<LogSink> g_sink{nullptr};
 std::atomic<void*> g_sink_user{nullptr};
 
 }  // namespace
+
+Result log_check_env() {
+  LogLevel level;
+  if (const char* v = std::getenv("UCM_LOG"); v && !parse_level(v, &level))
+    return fail(Result::kInvalidArg, "UCM_LOG=%s is not one of warn|info|debug", v);
+  uint32_t mask = 0;
+  std::string bad;
+  if (const char* v = std::getenv("UCM_LOG_SUBSYS"); v && !parse_subsys(v, &mask, &bad)) {
+    std::string names = "all";
+    for (const auto& n : kSubsysNames) names += std::string("|") + n.name;
+    return fail(Result::kInvalidArg, "UCM_LOG_SUBSYS=%s: '%s' is not one of %s", v, bad.c_str(), names.c_str());
+  }
+  return Result::kOk;
+}
 
 bool log_enabled(LogLevel level, Subsys subsys) {
   const LogSettings& s = settings();

@@ -35,6 +35,9 @@ enum class Subsys : uint32_t {
 };
 
 bool log_enabled(LogLevel level, Subsys subsys);
+// UCM_LOG and UCM_LOG_SUBSYS as ucm_config_init checks them: kInvalidArg
+// naming a value they do not know (logging itself then keeps its defaults).
+[[nodiscard]] Result log_check_env();
 void log_line(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 // The local rank shown in the prefix (-1: none yet). Set once by whoever knows it.

@@ -51,6 +51,40 @@ TEST(ConfigEnv, ASizeWithABlankOrASignIsAnErrorNamingTheVariableAndValue) {
   }
 }
 
+// The logging variables are UCM_* variables like the others: a value the
+// library does not know is an error naming it, not a silent default (before,
+// UCM_LOG=inof and UCM_LOG_SUBSYS=quue logged at warn with no word why).
+TEST(ConfigEnv, AnUnknownLogLevelOrSubsystemIsAnErrorNamingIt) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* says;
+  };
+  const Case bad[] = {
+      {"UCM_LOG", "inof", "UCM_LOG=inof is not one of warn|info|debug"},
+      {"UCM_LOG", "INFO", "UCM_LOG=INFO is not one of warn|info|debug"},
+      {"UCM_LOG", "", "UCM_LOG= is not one of warn|info|debug"},
+      {"UCM_LOG_SUBSYS", "ctrl,quue", "UCM_LOG_SUBSYS=ctrl,quue: 'quue' is not one of all|common|"},
+      {"UCM_LOG_SUBSYS", "ctrl queue", "UCM_LOG_SUBSYS=ctrl queue: 'ctrl queue' is not one of"},
+  };
+  for (const Case& b : bad) {
+    ScopedEnv env(b.name, b.value);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_ERR_INVALID_ARG) << b.name << "=\"" << b.value << "\"";
+    EXPECT_TRUE(contains(ucm_config_error(), b.says)) << ucm_config_error();
+  }
+  for (const char* level : {"warn", "info", "debug"}) {
+    ScopedEnv env("UCM_LOG", level);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_OK) << "UCM_LOG=" << level << ": " << ucm_config_error();
+  }
+  for (const char* list : {"all", "ctrl", "ctrl,cache,queue,boot,api", "ctrl,", ""}) {
+    ScopedEnv env("UCM_LOG_SUBSYS", list);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_OK) << "UCM_LOG_SUBSYS=" << list << ": " << ucm_config_error();
+  }
+}
+
 TEST(ConfigEnv, GoodSizesParse) {
   ScopedEnv seg("UCM_SEGMENT_BYTES", "2M");
   ScopedEnv shard("UCM_SHARD_BYTES", "65536");
