@@ -361,8 +361,9 @@ typedef struct ucm_stats {
  * this rank's mapping of the cache is replaced by an inaccessible one at the
  * same address, so that a read the kernel completes late fails (EFAULT)
  * instead of writing into the cache. A second finalize of the same handle
- * (another thread's, or a later one) returns UCM_ERR_FINALIZED; a NULL
- * argument UCM_ERR_NULL_POINTER.
+ * (another thread's, or a later one through a copy of it) returns
+ * UCM_ERR_FINALIZED; through the same variable, which the first set to NULL,
+ * UCM_ERR_BAD_HANDLE saying so; a NULL argument UCM_ERR_NULL_POINTER.
  * Threads: the thread that calls MPI for the app, as any collective; it may
  * overlap any other call on the cache, on other threads (steps 1 to 3). */
 UCM_API ucm_result_t ucm_cache_finalize(ucm_cache_t* cache);

@@ -74,7 +74,9 @@ void CacheRef::release() {
 }
 
 Result retire_handle(ucm_cache_t h, void (*close)(Cache*), Retired* out) {
-  if (!h) return fail(Result::kBadHandle, "cache handle is NULL");
+  if (!h)
+    return fail(Result::kBadHandle, "cache handle is NULL (ucm_cache_finalize sets the handle it finalizes to NULL: "
+                "was this one finalized already?)");
   {
     std::lock_guard<std::mutex> g(g_mu);
     UCM_CHECK(lookup_locked(h));

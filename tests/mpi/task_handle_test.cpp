@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -130,6 +131,20 @@ TEST_F(TaskHandle, OfSeveralThreadsTestingOneTaskOneGetsItDone) {
     EXPECT_EQ(b.verify(0), kTaskShard);
   }
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// Finalize clears the variable it was given: a second finalize through the
+// same variable is UCM_ERR_BAD_HANDLE saying why it is NULL; through a copy
+// of the handle, UCM_ERR_FINALIZED (ucm_base.h).
+TEST_F(TaskHandle, ASecondFinalizeSaysTheHandleWasFinalized) {
+  ASSERT_NO_FATAL_FAILURE(init(task_config(64, "sim:latency_us=0")));
+  const ucm_cache_t copy = cache_;
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
+  ASSERT_EQ(cache_, nullptr);
+  EXPECT_EQ(ucm_cache_finalize(&cache_), UCM_ERR_BAD_HANDLE);
+  EXPECT_NE(std::string(ucm_last_error(nullptr)).find("finalized already"), std::string::npos) << msg(nullptr);
+  ucm_cache_t again = copy;
+  EXPECT_EQ(ucm_cache_finalize(&again), UCM_ERR_FINALIZED) << msg(nullptr);
 }
 
 }  // namespace
