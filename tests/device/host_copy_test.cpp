@@ -31,7 +31,7 @@ struct Pages {
 };
 
 void check_copy(void (*copy)(void*, const void*, size_t), const char* what) {
-  const size_t sizes[] = {0, 1, 31, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 4095, 4096, 16391, 70001};
+  const size_t sizes[] = {0, 1, 31, 32, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 383, 4095, 4096, 16391, 70001};
   const size_t src_offsets[] = {0, 1, 16, 63};
   Pages src(80 * 1024), dst(80 * 1024 + 256);
   ASSERT_NE(src.p, nullptr);
