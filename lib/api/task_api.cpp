@@ -8,7 +8,7 @@
 #include "api/config.h"
 #include "api/handles.h"
 #include "common/log.h"
-#include "common/small_buffer.h"
+#include "common/repeat_table.h"
 #include "common/trace.h"
 
 namespace {
@@ -19,44 +19,6 @@ ucm::Key to_key(const ucm_key_t& k) {
   out.shard = k.shard;
   return out;
 }
-
-// The entries seen so far, to find the first that repeats a key: an
-// open-addressed table of entry indices (at least twice as many places as
-// entries, on the stack up to 64 entries), probed by the key's hash; equal
-// hashes are then compared key by key. Entry i is looked up once entries
-// 0..i-1 are in, so the first hit names the first repeat (in entry order) and
-// the entry it repeats, in the one pass over the entries.
-class RepeatTable {
- public:
-  explicit RepeatTable(size_t n) : mask_(places_for(n) - 1), at_(mask_ + 1), hash_(n) {
-    std::fill(at_.data(), at_.data() + mask_ + 1, 0u);
-  }
-  // es[i]: the earlier entry with the same key, or i itself after adding it.
-  size_t add(const ucm::TaskEntry* es, size_t i) {
-    uint32_t* const at = at_.data();
-    uint64_t* const hash = hash_.data();
-    const ucm::Key k = es[i].key;
-    const uint64_t h = ucm::KeyHash{}(k);
-    hash[i] = h;
-    size_t p = h & mask_;
-    for (; at[p] != 0; p = (p + 1) & mask_) {
-      const uint32_t j = at[p] - 1;
-      if (hash[j] == h && es[j].key == k) return j;
-    }
-    at[p] = static_cast<uint32_t>(i + 1);
-    return i;
-  }
-
- private:
-  static size_t places_for(size_t n) {
-    size_t places = 16;
-    while (places < 2 * n) places <<= 1;
-    return places;
-  }
-  const size_t mask_;
-  ucm::SmallBuffer<uint32_t, 128> at_;  // entry index + 1; 0: empty
-  ucm::SmallBuffer<uint64_t, 64> hash_;
-};
 
 // Checks a task's entries and converts them, in one pass; `take(e, out)`
 // copies entry e's dst or src into out and says whether it is non-NULL. The
@@ -75,7 +37,8 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
   const uint32_t spb = c.config().shards_per_block;
   out->resize(n);
   ucm::TaskEntry* const es = out->data();
-  RepeatTable seen(n);
+  ucm::RepeatTable seen(n);
+  auto key_at = [es](size_t i) -> const ucm::Key& { return es[i].key; };
   for (size_t i = 0; i < n; ++i) {
     const Entry& e = entries[i];
     es[i].key = to_key(e.key);
@@ -83,7 +46,7 @@ ucm::Result check_entries(const ucm::Cache& c, const Entry* entries, size_t n, c
     if (e.key.reserved != 0) return fail(Result::kInvalidArg, "entry %zu: key.reserved %u != 0", i, e.key.reserved);
     if (e.key.shard >= spb)
       return fail(Result::kOutOfRange, "shard %u >= shards_per_block %u in entry %zu", e.key.shard, spb, i);
-    if (const size_t earlier = seen.add(es, i); earlier != i) {
+    if (const size_t earlier = seen.add(key_at, i); earlier != i) {
       const ucm::Key& k = es[i].key;
       return fail(Result::kDuplicateKey, "entry %zu repeats the key of entry %zu (block %016" PRIx64 "%016" PRIx64
                   " shard %u)", i, earlier, k.block.hi, k.block.lo, k.shard);

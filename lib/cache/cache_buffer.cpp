@@ -179,7 +179,8 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   return Result::kOk;
 }
 
-bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
+// Inlined into pin_all_ready, its one caller (below).
+[[gnu::always_inline]] inline bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
   const BufferCtrl& c = *ctrl_;
   if (k.shard >= c.shards_per_block()) return false;
   WalkEnd end;
@@ -198,10 +199,10 @@ bool CacheBuffer::pin_one_ready(const Key& k, uint32_t b, uint32_t* slot) {
 void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
   const BufferCtrl& c = *ctrl_;
   const uint32_t total = c.total_slots();
-  // Two passes of n independent loads each: the pin loop's walks are
-  // dependent loads behind a locked add each, so on a cold control plane
-  // (a cache of gigabytes) it would wait for its misses one after another.
-  for (size_t i = 0; i < n; ++i) __builtin_prefetch(&c.bucket(buckets[i]).head);
+  // With the heads' prefetch (pin_all_ready's hashing pass), two passes of n
+  // independent loads each: the pin loop's walks are dependent loads behind a
+  // locked add each, so on a cold control plane (a cache of gigabytes) it
+  // would wait for its misses one after another.
   for (size_t i = 0; i < n; ++i) {
     // A hint: the walk reads the head again, with acquire.
     const uint32_t h = c.bucket(buckets[i]).head.load(std::memory_order_relaxed);
@@ -225,6 +226,30 @@ void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
   // first: a hold of this rank on the same slot is another reference, which
   // its own release() drops.
   for (size_t i = 0; i < n; ++i) (void)unpin_slot(c, opts_.rank, slots[i]);
+}
+
+// In this file, after its pieces, so that they inline into the loops: per
+// key, the pin path is then no calls and the batch's fields stay at hand.
+bool CacheBuffer::pin_all_ready(size_t n, KeyRun keys, uint32_t* slots) {
+  if (!data_) return false;
+  SmallBuffer<uint32_t, 64> b(n);
+  const uint32_t mask = ctrl_->bucket_mask();
+  for (size_t i = 0; i < n; ++i) {
+    b[i] = bucket_of(keys[i], mask);
+    __builtin_prefetch(&ctrl_->bucket(b[i]).head);  // the heads' loads start while the next key is hashed
+  }
+  if (n > 1) prefetch_records(b.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    if (pin_one_ready(keys[i], b[i], &slots[i])) continue;
+    unpin_ready(slots, i);
+    return false;
+  }
+  // Taken only now: a batch that gives up copied nothing, and a take it had
+  // recorded would let peers evict a shard this rank still has to copy
+  // (ctrl/protect.h). The pins keep every slot until then.
+  if (protect_) take_all(slots, n);
+  tally(static_cast<int64_t>(n));
+  return true;
 }
 
 Result CacheBuffer::check_joined() const {

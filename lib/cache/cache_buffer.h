@@ -87,6 +87,17 @@ enum class PreallocOutcome : uint8_t { kPlacedRegular, kPlacedReserved, kAlready
 
 using TouchHook = void (*)(void* ctx, const BlockId* blocks, size_t n);
 
+// Keys at a stride: key i at `first` plus i * stride bytes (a field of the
+// caller's records, as the load queue's task entries hold theirs), so that a
+// batch walks the caller's array without copying the keys out of it.
+struct KeyRun {
+  const Key* first = nullptr;
+  size_t stride = sizeof(Key);
+  const Key& operator[](size_t i) const {
+    return *reinterpret_cast<const Key*>(reinterpret_cast<const uint8_t*>(first) + i * stride);
+  }
+};
+
 class CacheBuffer {
  public:
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
@@ -100,7 +111,7 @@ class CacheBuffer {
   // longer. 0 until set.
   void set_task_ordinal(uint32_t ordinal) { task_ordinal_.store(ordinal, std::memory_order_relaxed); }
   // A hit or nothing, for a batch (the load queue's inline path,
-  // queue/load_queue.cpp run_inline): when every key_at(0..n) is resident
+  // queue/load_queue.cpp run_inline): when every keys[0..n) is resident
   // and Ready, pins each, marks it accessed and, once all are pinned, taken
   // (ctrl/protect.h) as get()'s hit does, and returns true with slots[0..n) filled (n
   // references: release_ready_pins() them). The caller counts the hits
@@ -110,25 +121,7 @@ class CacheBuffer {
   // over. Each key is hashed once, the loads of every key's bucket head and
   // slot record are started before the first pin (prefetch_records), and
   // references_held() is counted once per batch.
-  template <typename KeyAt>
-  bool pin_all_ready(size_t n, KeyAt&& key_at, uint32_t* slots) {
-    if (!data_) return false;
-    SmallBuffer<uint32_t, 64> b(n);
-    const uint32_t mask = ctrl_->bucket_mask();
-    for (size_t i = 0; i < n; ++i) b[i] = bucket_of(key_at(i), mask);
-    if (n > 1) prefetch_records(b.data(), n);
-    for (size_t i = 0; i < n; ++i) {
-      if (pin_one_ready(key_at(i), b[i], &slots[i])) continue;
-      unpin_ready(slots, i);
-      return false;
-    }
-    // Taken only now: a batch that gives up copied nothing, and a take it had
-    // recorded would let peers evict a shard this rank still has to copy
-    // (ctrl/protect.h). The pins keep every slot until then.
-    if (protect_) take_all(slots, n);
-    tally(static_cast<int64_t>(n));
-    return true;
-  }
+  [[nodiscard]] bool pin_all_ready(size_t n, KeyRun keys, uint32_t* slots);
   // Drops the pins pin_all_ready() took.
   void release_ready_pins(const uint32_t* slots, size_t n) {
     unpin_ready(slots, n);
@@ -276,7 +269,8 @@ class CacheBuffer {
   bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
   void take_all(const uint32_t* slots, size_t n);  // pin_all_ready's takes (ctrl/protect.h)
   void unpin_ready(const uint32_t* slots, size_t n);
-  // pin_all_ready()'s prefetch: buckets[0..n)'s heads, then their records.
+  // pin_all_ready()'s prefetch of the records of buckets[0..n)'s heads (it
+  // prefetched the heads themselves as it hashed the keys).
   void prefetch_records(const uint32_t* buckets, size_t n) const;
   // release_one's steps (slot_word.h, T6 and T7): the hold of a finished load
   // of ours (*w: the word seen, updated by a failed CAS); the guarded loop on

@@ -75,6 +75,10 @@ class CopyEngine {
     (void)ptrs, (void)n, (void)bytes, (void)bad;
     return Result::kOk;
   }
+  // False when check_app_buffers() accepts every pointer whatever it is (the
+  // engines over host memory), so that a task's submit need not gather its
+  // pointers to ask. True unless an engine says otherwise.
+  virtual bool checks_app_buffers() const { return true; }
 };
 
 struct DeviceStatus {

@@ -15,19 +15,33 @@ bool vector_copy_available() {
   return avx2;
 }
 
-// The destination is brought to a 64-byte boundary with memcpy, then 128
-// bytes a step: four unaligned loads, four aligned stores (the store side is
-// what the misaligned rep movsb pays for); memcpy does the tail.
+namespace {
+
+__attribute__((target("avx2"), always_inline)) inline void copy32(uint8_t* d, const uint8_t* s) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+}
+
+}  // namespace
+
+// 128 bytes a step into a 64-byte aligned destination: four unaligned loads,
+// four aligned stores (the store side is what the misaligned rep movsb pays
+// for). The unaligned head (up to the first 64-byte boundary) and the tail
+// (the last 128 bytes) are copied with unaligned vector stores that overlap
+// what the loop writes, with no call out: a shard's copy issues no rep movsb
+// and calls nothing (a short memcpy is a microcoded rep movsb or a call per
+// end, per shard, in the inline path's loop). Same bytes written, since the
+// buffers do not overlap.
 __attribute__((target("avx2"))) void vector_copy(void* dst, const void* src, size_t bytes) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
-  size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
-  if (head > bytes) head = bytes;
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  size_t i = 0;
+  if (bytes < 128) {  // the head and tail steps need 128 bytes to stay inside
+    std::memcpy(d, s, bytes);
+    return;
+  }
+  copy32(d, s);
+  copy32(d + 32, s + 32);
+  const size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
+  size_t i = head;
   for (; i + 128 <= bytes; i += 128) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
@@ -38,7 +52,12 @@ __attribute__((target("avx2"))) void vector_copy(void* dst, const void* src, siz
     _mm256_store_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
     _mm256_store_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
   }
-  std::memcpy(d + i, s + i, bytes - i);
+  if (i == bytes) return;
+  const size_t end = bytes - 128;  // at or before where the loop stopped
+  copy32(d + end, s + end);
+  copy32(d + end + 32, s + end + 32);
+  copy32(d + end + 64, s + end + 64);
+  copy32(d + end + 96, s + end + 96);
 }
 
 #else
@@ -56,7 +75,9 @@ CopyPath host_copy_path(const void* dst, const void* src, size_t bytes) {
 }
 
 namespace {
-thread_local uint64_t t_vector_copies = 0;
+// Initial-exec: a plain %fs-relative add per copy, not a __tls_get_addr call
+// (the shared library's default model), on the inline path's per-shard loop.
+__attribute__((tls_model("initial-exec"))) thread_local uint64_t t_vector_copies = 0;
 }  // namespace
 
 void host_copy(void* dst, const void* src, size_t bytes) {

@@ -34,6 +34,7 @@ class MemoryEngine final : public CopyEngine {
   Result register_host(void*, uint64_t) override { return Result::kOk; }
   void unregister_host(void*) override {}
   std::string pci_bus_id() const override { return {}; }
+  bool checks_app_buffers() const override { return false; }  // host memory: nothing to tell
   Result open_stream(std::unique_ptr<CopyStream>* out) override {
     *out = open_();
     return Result::kOk;

@@ -117,10 +117,9 @@ bool LoadQueue::run_inline(Task& t) {
   const std::vector<TaskEntry>& es = t.entries();
   const size_t n = es.size();
   SmallBuffer<uint32_t, 64> slots(n);  // on the stack for small tasks
-  auto key_at = [&es](size_t i) -> const Key& { return es[i].key; };
   // Not a hit: the whole task goes to the dispatcher, which gets every key
   // again (and counts its hits then).
-  if (!cache_->pin_all_ready(n, key_at, slots.data())) return false;
+  if (!cache_->pin_all_ready(n, KeyRun{&es[0].key, sizeof(TaskEntry)}, slots.data())) return false;
   t.set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
   add(ctr_->tasks, 1);
   add(ctr_->shards, n);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -48,6 +49,60 @@ TEST_F(TwoRanks, OwnerFillsThenPeerHitsTheSameBytes) {
   EXPECT_EQ(tc_.ctrl.pin(1, h.slot).load(), 1u) << "the pin is rank 1's";
   r1_->release(h.slot);
   EXPECT_EQ(pin_count(tc_.ctrl, h.slot), 0u);
+}
+
+// pin_all_ready over the caller's records (KeyRun: a key every `stride`
+// bytes, as the inline path passes its task entries): every hit pinned by
+// this rank and counted once; a key repeated in the batch pinned twice; one
+// key not Ready (being loaded) or absent and nothing is held; the pins keep
+// the slots from an evictor until released.
+TEST_F(TwoRanks, PinAllReadyOverStridedRecordsIsAllHitsOrNothingHeld) {
+  struct Record {
+    uint64_t before;
+    Key key;
+    void* after;
+  };
+  std::vector<uint32_t> ready;
+  for (uint64_t b = 20; b < 23; ++b) {
+    GetResult g;
+    ASSERT_EQ(r0_->get(key(b, 1), &g), Result::kOk);
+    ASSERT_EQ(r0_->mark_ready(g.slot), Result::kOk);
+    r0_->release(g.slot);
+    ready.push_back(g.slot);
+  }
+  Record rec[4] = {{1, key(20, 1), nullptr}, {2, key(21, 1), nullptr}, {3, key(22, 1), nullptr},
+                   {4, key(20, 1), nullptr}};
+  uint32_t slots[4] = {};
+  ASSERT_TRUE(r1_->pin_all_ready(4, KeyRun{&rec[0].key, sizeof(Record)}, slots));
+  EXPECT_EQ(slots[0], ready[0]);
+  EXPECT_EQ(slots[1], ready[1]);
+  EXPECT_EQ(slots[2], ready[2]);
+  EXPECT_EQ(slots[3], ready[0]) << "the repeated key: the same slot";
+  EXPECT_EQ(tc_.ctrl.pin(1, ready[0]).load(), 2u);
+  EXPECT_EQ(tc_.ctrl.pin(1, ready[1]).load(), 1u);
+  EXPECT_EQ(r1_->references_held(), 4);
+  EXPECT_FALSE(claim_slot(tc_.ctrl, holder_id(0), ready[1])) << "pinned: no evictor may claim it";
+  r1_->release_ready_pins(slots, 4);
+  EXPECT_EQ(r1_->references_held(), 0);
+  for (uint32_t s : ready) EXPECT_EQ(pin_count(tc_.ctrl, s), 0u) << "slot " << s;
+  // A key being loaded (Idle, owned) in the middle, then one absent: false, nothing held.
+  GetResult loading;
+  ASSERT_EQ(r0_->get(key(23, 1), &loading), Result::kOk);
+  rec[1].key = key(23, 1);
+  EXPECT_FALSE(r1_->pin_all_ready(3, KeyRun{&rec[0].key, sizeof(Record)}, slots));
+  rec[1].key = key(99, 1);
+  EXPECT_FALSE(r1_->pin_all_ready(3, KeyRun{&rec[0].key, sizeof(Record)}, slots));
+  EXPECT_FALSE(r1_->exists(key(99, 1))) << "a miss installs nothing";
+  EXPECT_EQ(r1_->references_held(), 0);
+  for (uint32_t s : ready) EXPECT_EQ(tc_.ctrl.pin(1, s).load(), 0u) << "slot " << s;
+  ASSERT_EQ(r0_->mark_ready(loading.slot), Result::kOk);
+  r0_->release(loading.slot);
+  // Contiguous keys (the default stride), all Ready now.
+  const Key keys[] = {key(20, 1), key(23, 1)};
+  ASSERT_TRUE(r1_->pin_all_ready(2, KeyRun{keys}, slots));
+  EXPECT_EQ(slots[1], loading.slot);
+  r1_->release_ready_pins(slots, 2);
+  EXPECT_EQ(r1_->references_held(), 0);
 }
 
 TEST_F(TwoRanks, AWaiterSeesFailedAndTakesOverExactlyOnce) {

@@ -187,13 +187,13 @@ TEST_F(Protect, AnInlineLookThatFindsAMissTakesNothing) {
   ASSERT_EQ(loading.kind, GetKind::kOwner);
   const Key keys[] = {key(10, 0), key(11, 0), key(12, 0)};
   uint32_t slots[3];
-  EXPECT_FALSE(r1_->pin_all_ready(3, [&](size_t i) -> const Key& { return keys[i]; }, slots));
+  EXPECT_FALSE(r1_->pin_all_ready(3, KeyRun{keys}, slots));
   EXPECT_EQ(r1_->references_held(), 0);
   for (uint32_t s : ready) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 1u) << "slot " << s << ": rank 1 took it";
   ASSERT_EQ(r0_->mark_ready(loading.slot), Result::kOk);
   r0_->release(loading.slot);
   // All hits now: the takes are recorded, once the whole batch is pinned.
-  ASSERT_TRUE(r1_->pin_all_ready(3, [&](size_t i) -> const Key& { return keys[i]; }, slots));
+  ASSERT_TRUE(r1_->pin_all_ready(3, KeyRun{keys}, slots));
   for (uint32_t s : slots) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 3u) << "slot " << s;
   r1_->release_ready_pins(slots, 3);
 }

@@ -31,7 +31,7 @@ struct Pages {
 };
 
 void check_copy(void (*copy)(void*, const void*, size_t), const char* what) {
-  const size_t sizes[] = {0, 1, 31, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 4095, 4096, 16391, 70001};
+  const size_t sizes[] = {0, 1, 31, 32, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 383, 4095, 4096, 16391, 70001};
   const size_t src_offsets[] = {0, 1, 16, 63};
   Pages src(80 * 1024), dst(80 * 1024 + 256);
   ASSERT_NE(src.p, nullptr);
@@ -85,6 +85,35 @@ TEST(HostCopy, TheHostEnginesCopiesTakeIt) {
   ASSERT_EQ(stream->wait(ticket), Result::kOk);
   EXPECT_EQ(vector_copies_on_this_thread(), before + 1);
   EXPECT_EQ(std::memcmp(dst.p + 16, src.p, 16384), 0);
+}
+
+// Cache::check_app_buffers skips gathering a task's pointers for an engine
+// whose check accepts everything: the engines over host memory say so, and
+// accept any pointer; an engine that checks (CUDA) says nothing and is asked.
+TEST(HostCopy, EnginesOverHostMemoryAcceptEveryAppBufferAndSaySo) {
+  std::unique_ptr<CopyEngine> engines[] = {make_host_engine(0), make_async_test_engine(0, AsyncTestOptions{})};
+  int x = 0;
+  const void* ptrs[] = {&x, reinterpret_cast<const void*>(uintptr_t{1}), nullptr};
+  for (const auto& e : engines) {
+    EXPECT_FALSE(e->checks_app_buffers()) << e->name();
+    size_t bad = 99;
+    EXPECT_EQ(e->check_app_buffers(ptrs, 3, 16384, &bad), Result::kOk) << e->name();
+    EXPECT_EQ(bad, 99u) << e->name();
+  }
+  struct Checking final : CopyEngine {
+    const char* name() const override { return "checking"; }
+    int device_id() const override { return 0; }
+    uint64_t alignment() const override { return 64; }
+    Result register_host(void*, uint64_t) override { return Result::kOk; }
+    void unregister_host(void*) override {}
+    std::string pci_bus_id() const override { return {}; }
+    Result open_stream(std::unique_ptr<CopyStream>*) override { return Result::kUnsupported; }
+    Result check_app_buffers(const void* const*, size_t, uint64_t, size_t* bad) override {
+      *bad = 0;
+      return Result::kInvalidArg;
+    }
+  } checking;
+  EXPECT_TRUE(checking.checks_app_buffers()) << "an engine is asked unless it says otherwise";
 }
 
 }  // namespace
