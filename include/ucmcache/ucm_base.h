@@ -384,6 +384,11 @@ UCM_API ucm_result_t ucm_load_task(ucm_cache_t cache, const ucm_load_entry_t* en
  * writes, and each gets that write's outcome: an entry is UCM_OK only once
  * the store holds the key. After UCM_ERR_BACKEND the cached copy is still
  * served, and the next dump of the key (any rank) writes it through again.
+ * A key names its bytes (as a prefix hash does): once the cache holds a key
+ * Ready, a dump of it writes nothing new: stored already, the entry is UCM_OK
+ * at once; not stored, the cached copy is what is written through, not src.
+ * Only a Failed or Corrupt slot is filled from src. To replace a key's bytes,
+ * dump them under a new key.
  * NULL entries (n > 0), a NULL src or a NULL task: UCM_ERR_NULL_POINTER.
  * Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* entries, size_t n, ucm_task_t* task);

@@ -111,6 +111,39 @@ TEST_F(Dump, RoundTripThroughThePosixStoreOneWritePerKeyPerNodeAndARestart) {
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
+// A key names its bytes (ucm_base.h, ucm_dump_task): a second dump of a key
+// the cache holds Ready and stored is UCM_OK at once and writes nothing, so
+// the cache and the store keep the first dump's bytes, not the second's.
+TEST_F(Dump, ADumpOfAKeyTheCacheHoldsWritesNothingNew) {
+  StoreDir store("dump-held");
+  ucm_config_t cfg = task_config(128, store.spec().c_str());
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  DumpBatch first;
+  first.add(ukey(31000, 3));
+  ASSERT_EQ(dump_and_wait(cache_, first), UCM_OK) << ucm_last_error(cache_);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s1 = node_stats(cache_);
+  DumpBatch second;
+  second.add(ukey(31000, 3));
+  for (uint8_t& b : second.src[0]) b = 0x5a;  // other bytes under the same key
+  ASSERT_EQ(dump_and_wait(cache_, second), UCM_OK) << ucm_last_error(cache_);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ucm_stats_t s2 = node_stats(cache_);
+  EXPECT_EQ(s2.dumps, s1.dumps) << "no second write-through";
+  LoadBatch l;
+  l.add(ukey(31000, 3));
+  ASSERT_EQ(load_and_wait(cache_, l), UCM_OK) << ucm_last_error(cache_);
+  EXPECT_TRUE(is_dumped(l.entries[0].key, l.dst[0])) << "the cache serves the first dump's bytes";
+  ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
+  // The store, read by a new cache, holds them too.
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  LoadBatch again;
+  again.add(ukey(31000, 3));
+  ASSERT_EQ(load_and_wait(cache_, again), UCM_OK) << ucm_last_error(cache_);
+  EXPECT_TRUE(is_dumped(again.entries[0].key, again.dst[0])) << "the store holds the first dump's bytes";
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
 TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
   // Rank r dumps (31000 + r, 1), which the sim store refuses, and a good key.
   std::string spec = "sim:latency_us=100,fail_keys=";
