@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "c_config.h"
 #include "leak_check.h"
 #include "ucmcache/ucm.h"
 
@@ -50,14 +51,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int dead_mode = argc > 1 && strcmp(argv[1], "dead") == 0;
-  ucm_config_t cfg;
-  ucm_config_init(&cfg);
-  cfg.cache_bytes = 8u << 20;
-  cfg.shard_bytes = 64u << 10;
-  cfg.hugepages = UCM_HUGEPAGES_OFF;
-  cfg.copy_engine = UCM_COPY_ENGINE_HOST;
-  cfg.timeout_ms = dead_mode ? 20000 : 1000;
-  snprintf(cfg.backend, sizeof(cfg.backend), "sim:latency_us=0");
+  const ucm_config_t cfg = small_host_config(8u << 20, dead_mode ? 20000 : 1000);
   ucm_cache_t cache = NULL;
   if (ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache) != UCM_OK) {
     fprintf(stderr, "rank %d: init: %s\n", rank, ucm_last_error(NULL));

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_config.h"
 #include "leak_check.h"
 #include "ucmcache/ucm.h"
 
@@ -26,20 +27,8 @@ static void expect(int rank, const char* what, ucm_result_t got, ucm_result_t wa
          ucm_result_string(want), needle ? needle : "");
 }
 
-static ucm_config_t small_config(void) {
-  ucm_config_t cfg;
-  ucm_config_init(&cfg);
-  cfg.cache_bytes = 4u << 20;
-  cfg.shard_bytes = 64u << 10;
-  cfg.hugepages = UCM_HUGEPAGES_OFF;
-  cfg.copy_engine = UCM_COPY_ENGINE_HOST;
-  cfg.timeout_ms = 20000;
-  snprintf(cfg.backend, sizeof(cfg.backend), "sim:latency_us=0");
-  return cfg;
-}
-
 int main(int argc, char** argv) {
-  const ucm_config_t cfg = small_config();
+  const ucm_config_t cfg = small_host_config(4u << 20, 20000);
   ucm_cache_t cache = NULL;
   expect(-1, "init before MPI_Init", ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_ERR_BAD_STATE, "MPI_Init");
   if (cache != NULL) ++failures;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_config.h"
 #include "leak_check.h"
 #include "ucmcache/ucm.h"
 
@@ -17,15 +18,8 @@ int main(int argc, char** argv) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  ucm_config_t cfg;
-  ucm_config_init(&cfg);
-  cfg.cache_bytes = 4u << 20;
-  cfg.shard_bytes = 64u << 10;
-  cfg.hugepages = UCM_HUGEPAGES_OFF;
-  cfg.copy_engine = UCM_COPY_ENGINE_HOST;
-  cfg.timeout_ms = 20000;
+  ucm_config_t cfg = small_host_config(4u << 20, 20000);
   cfg.ranks_per_node = rank == size - 1 ? 1 : 0;
-  snprintf(cfg.backend, sizeof(cfg.backend), "sim:latency_us=0");
   ucm_cache_t cache = NULL;
   const ucm_result_t r = ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache);
   const char* msg = ucm_last_error(NULL);
