@@ -129,9 +129,9 @@ Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
   choice.auto_device = config_.device_id == UCM_DEVICE_AUTO;
   choice.device_id = config_.device_id;
   choice.local_rank = node_.local_rank;
-  if (const char* d = std::getenv("UCM_ASYNC_TEST_DELAY_US")) choice.async.delay_us = std::strtoull(d, nullptr, 10);
   EngineTaken taken;
   const Result r = guarded("ucm_cache_init", [&] {
+    UCM_CHECK(async_test_delay_from_env(&choice.async.delay_us));
     Result e = make_copy_engine(choice, &engine_, &taken);
     device_id_ = ok(e) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
     device_choice_ = taken.why;

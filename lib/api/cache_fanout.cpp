@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "api/cache.h"
+#include "api/config.h"
 #include "boot/coll_mpi.h"
 #include "common/log.h"
 #include "common/time.h"
@@ -33,6 +34,9 @@ Result Cache::open_fanout() {
                  "UCM_FANOUT=mpi broadcasts host buffers (this MPI is not CUDA-aware), and local rank %d copies with "
                  "the cuda engine: use UCM_FANOUT=nccl for device destinations",
                  node_.local_rank);
+  int64_t stall_rank = -1;
+  uint64_t stall_turn = 0;
+  if (ok(local)) local = fanout_test_stall_from_env(&stall_rank, &stall_turn);
   UCM_CHECK(collective_status(node_.node, local));
 
   FanoutOptions o;
@@ -40,14 +44,8 @@ Result Cache::open_fanout() {
   o.shard_bytes = config_.shard_bytes;
   o.step_timeout_ns = uint64_t{config_.timeout_ms} * 1'000'000;
   o.task_timeout_ns = o.step_timeout_ns;
-  if (const char* s = std::getenv("UCM_FANOUT_TEST_STALL")) {
-    unsigned r = 0;
-    unsigned long long turn = 0;
-    if (std::sscanf(s, "%u:%llu", &r, &turn) == 2) {
-      o.stall_rank = r;
-      o.stall_turn = turn;
-    }
-  }
+  o.stall_rank = stall_rank;
+  o.stall_turn = stall_turn;
   std::unique_ptr<Collective> coll;
   if (nccl) {
 #if UCM_HAVE_NCCL

@@ -370,8 +370,38 @@ void config_defaults(ucm_config_t* c) {
   for (const Tunable& t : kTable) set_value(c, t, t.def);
 }
 
+Result async_test_delay_from_env(uint64_t* us) {
+  constexpr int64_t kMaxUs = 1000000;
+  const char* v = std::getenv("UCM_ASYNC_TEST_DELAY_US");
+  if (!v) return Result::kOk;
+  int64_t parsed = 0;
+  if (!parse_int(v, 0, kMaxUs, &parsed))
+    return fail(Result::kInvalidArg, "UCM_ASYNC_TEST_DELAY_US=%s is not a delay in microseconds (0-%" PRId64 ")", v,
+                kMaxUs);
+  *us = static_cast<uint64_t>(parsed);
+  return Result::kOk;
+}
+
+Result fanout_test_stall_from_env(int64_t* local_rank, uint64_t* turn) {
+  const char* v = std::getenv("UCM_FANOUT_TEST_STALL");
+  if (!v) return Result::kOk;
+  const char* colon = std::strchr(v, ':');
+  const std::string rank_text = colon ? std::string(v, static_cast<size_t>(colon - v)) : std::string(v);
+  int64_t r = 0, t = 0;
+  if (!colon || !parse_int(rank_text.c_str(), 0, kMaxRanks - 1, &r) || !parse_int(colon + 1, 0, INT64_MAX, &t))
+    return fail(Result::kInvalidArg, "UCM_FANOUT_TEST_STALL=%s is not <local rank 0-%u>:<turn>", v, kMaxRanks - 1);
+  *local_rank = r;
+  *turn = static_cast<uint64_t>(t);
+  return Result::kOk;
+}
+
 Result config_from_env(ucm_config_t* c) {
   UCM_CHECK(log_check_env());
+  uint64_t delay_us = 0;
+  UCM_CHECK(async_test_delay_from_env(&delay_us));
+  int64_t stall_rank = -1;
+  uint64_t stall_turn = 0;
+  UCM_CHECK(fanout_test_stall_from_env(&stall_rank, &stall_turn));
   for (const Tunable& t : kTable) UCM_CHECK(env_one(t, c));
   return Result::kOk;
 }

@@ -86,6 +86,13 @@ const char* tunable_type_name(TunableType type);
 void config_defaults(ucm_config_t* c);
 [[nodiscard]] Result config_from_env(ucm_config_t* c);
 [[nodiscard]] Result check_config(const ucm_config_t& c);
+// UCM_ASYNC_TEST_DELAY_US, the async test engine's delay (tests only, not a
+// field of ucm_config_t): unset leaves *us as it is; a value that is not
+// 0-1000000 digits is kInvalidArg naming it. config_from_env checks it too.
+[[nodiscard]] Result async_test_delay_from_env(uint64_t* us);
+// UCM_FANOUT_TEST_STALL=<local rank>:<turn> (tests only, fanout.h): unset
+// leaves both as they are; anything else is kInvalidArg naming it.
+[[nodiscard]] Result fanout_test_stall_from_env(int64_t* local_rank, uint64_t* turn);
 
 // Layout of the shared planes for a node of `local_size` ranks.
 [[nodiscard]] Result layout_from_config(const ucm_config_t& c, uint32_t local_size, CtrlParams* ctrl, DataParams* data);

@@ -51,6 +51,54 @@ TEST(ConfigEnv, ASizeWithABlankOrASignIsAnErrorNamingTheVariableAndValue) {
   }
 }
 
+// The async test engine's delay is read from UCM_ASYNC_TEST_DELAY_US, as
+// strictly as any UCM_* variable: before, strtoull made "abc" a 0 us delay
+// and "99999999999999" a delay of three years, every copy landing after the
+// task's deadline.
+TEST(ConfigEnv, AnAsyncTestDelayThatIsNotMicrosecondsUpToASecondIsAnErrorNamingIt) {
+  for (const char* v : {"abc", "", " 5", "-1", "+5", "5us", "1000001", "99999999999999"}) {
+    ScopedEnv env("UCM_ASYNC_TEST_DELAY_US", v);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_ERR_INVALID_ARG) << "UCM_ASYNC_TEST_DELAY_US=\"" << v << "\"";
+    EXPECT_TRUE(contains(ucm_config_error(), std::string("UCM_ASYNC_TEST_DELAY_US=") + v +
+                                                 " is not a delay in microseconds (0-1000000)"))
+        << ucm_config_error();
+  }
+  for (const char* v : {"0", "200", "1000000"}) {
+    ScopedEnv env("UCM_ASYNC_TEST_DELAY_US", v);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_OK) << "UCM_ASYNC_TEST_DELAY_US=" << v << ": " << ucm_config_error();
+    uint64_t us = 7;
+    EXPECT_EQ(ucm::async_test_delay_from_env(&us), ucm::Result::kOk);
+    EXPECT_EQ(us, std::strtoull(v, nullptr, 10));
+  }
+  uint64_t us = 7;
+  EXPECT_EQ(ucm::async_test_delay_from_env(&us), ucm::Result::kOk);
+  EXPECT_EQ(us, 7u) << "unset: the engine's default stays";
+}
+
+// The fan-out's stall hook, UCM_FANOUT_TEST_STALL=<local rank>:<turn>: sscanf
+// took "1:2junk" and "-1:5" (a stall on rank 4294967295), and ignored "1"
+// without a word.
+TEST(ConfigEnv, AFanoutStallThatIsNotRankColonTurnIsAnErrorNamingIt) {
+  for (const char* v : {"1", "1:", ":2", "1:2junk", "-1:5", "1:-2", " 1:2", "1:2:3", "16:1", "a:b", ""}) {
+    ScopedEnv env("UCM_FANOUT_TEST_STALL", v);
+    ucm_config_t c;
+    EXPECT_EQ(ucm_config_init(&c), UCM_ERR_INVALID_ARG) << "UCM_FANOUT_TEST_STALL=\"" << v << "\"";
+    EXPECT_TRUE(contains(ucm_config_error(), std::string("UCM_FANOUT_TEST_STALL=") + v +
+                                                 " is not <local rank 0-15>:<turn>"))
+        << ucm_config_error();
+  }
+  ScopedEnv env("UCM_FANOUT_TEST_STALL", "3:17");
+  ucm_config_t c;
+  EXPECT_EQ(ucm_config_init(&c), UCM_OK) << ucm_config_error();
+  int64_t rank = -1;
+  uint64_t turn = 0;
+  EXPECT_EQ(ucm::fanout_test_stall_from_env(&rank, &turn), ucm::Result::kOk);
+  EXPECT_EQ(rank, 3);
+  EXPECT_EQ(turn, 17u);
+}
+
 // The logging variables are UCM_* variables like the others: a value the
 // library does not know is an error naming it, not a silent default (before,
 // UCM_LOG=inof and UCM_LOG_SUBSYS=quue logged at warn with no word why).

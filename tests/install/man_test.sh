@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The man pages say what the code does: ucmcache(7) documents exactly the
-# UCM_* variables of ucm_config_t (ucm.h) plus the logging ones, and
+# UCM_* variables of ucm_config_t (ucm.h) plus every other one lib/ reads, and
 # ucm_info(1) every option `ucm_info -h` lists. When scdoc is built, the
 # generated pages are roff.
 #
@@ -14,7 +14,8 @@ header="$src/include/ucmcache/ucm.h" page7="$src/man/ucmcache.7.scd" page1="$src
 # ucm_config_t lives in ucm_base.h beside ucm.h (the MPI-free part of the API).
 config_vars=$(cat "$header" "$(dirname "$header")/ucm_base.h" 2>/dev/null | awk '/typedef struct ucm_config/,/} ucm_config_t;/' | grep -o '/\* UCM_[A-Z_]*' | cut -c4- | grep -vx 'UCM_VERSION_CODE' | sort -u)
 [[ -n "$config_vars" ]] || fail "no UCM_* variable found in $header"
-log_vars=$(grep -o 'getenv("UCM_[A-Z_]*")' "$src/lib/common/log.cpp" | sed 's/getenv("\(.*\)")/\1/' | sort -u)
+# Every other variable the library reads (logging, the test hooks): any getenv of lib/.
+log_vars=$(grep -rho 'getenv("UCM_[A-Z_]*")' "$src/lib" | sed 's/getenv("\(.*\)")/\1/' | sort -u)
 want=$(printf '%s\n' $config_vars $log_vars | sort -u)
 # A variable is documented by a heading line: *UCM_NAME* at the line's start.
 have=$(grep -o '^\*UCM_[A-Z_]*\*' "$page7" | tr -d '*' | sort -u)
