@@ -26,7 +26,10 @@ extern "C" {
  * same error, *cache is NULL, and ucm_last_error(NULL) says which rank failed
  * and why. That holds for bad arguments too: a rank that passes a NULL config
  * or a NULL cache still takes part, and every rank returns
- * UCM_ERR_NULL_POINTER. The config is read as its struct_bytes says (an
+ * UCM_ERR_NULL_POINTER. timeout_ms bounds each step that waits for peers
+ * (building the shared planes, handing them out, joining): a step past it is
+ * UCM_ERR_TIMEOUT on every rank, naming the step and timeout_ms, also when a
+ * peer gave up first. The config is read as its struct_bytes says (an
  * older app's smaller config works, the fields it lacks at their defaults).
  * MPI must be initialized: before MPI_Init or after MPI_Finalize the result is
  * UCM_ERR_BAD_STATE, and MPI_COMM_NULL (a rank that MPI_Comm_split left out)

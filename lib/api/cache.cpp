@@ -85,13 +85,20 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   // 6. Join, register, place, open the backend; threads that cannot be
   // created (a pids limit) are this rank's status like any other failure.
   const Result r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
-  UCM_CHECK(collective_status(node_.comm, r));
+  UCM_CHECK(collective_status(node_.comm, name_init_bound(r)));
   // 7. Fan-out's node communicator (collective: every rank calls it).
   if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
   if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
   init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
   log_device_and_placement();
   return Result::kOk;
+}
+
+// A wait of init that timed out says which bound it had (the steps below
+// know a deadline, not the tunable that set it).
+Result Cache::name_init_bound(Result r) const {
+  if (r != Result::kTimeout) return r;
+  return fail(r, "%s (timeout_ms %u bounds each step of init)", last_error().c_str(), config_.timeout_ms);
 }
 
 // 1. The node communicators and the node's pids (boot/node.h).
@@ -233,7 +240,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
   if (MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, node_.node) != MPI_SUCCESS)
     return fail(Result::kSystem, "broadcasting the boot nonce failed");
   r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);
-  return collective_status(node_.comm, r);
+  return collective_status(node_.comm, name_init_bound(r));
 }
 
 // The data plane's NUMA placement (numa.h) follows the GPUs of every rank of

@@ -48,7 +48,9 @@ bool header_ok(const WireHeader& h, uint64_t nonce, WireKind kind) {
          h.nonce == nonce && h.kind == static_cast<uint32_t>(kind);
 }
 
-Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor* desc, const int* fds, uint32_t nfds) {
+// *hung_up: the peer closed its end (EPIPE, ECONNRESET) before the grant went.
+Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor* desc, const int* fds, uint32_t nfds,
+                  bool* hung_up) {
   WireHeader h{kWireMagic, kWireVersion, sizeof(WireHeader), nonce, static_cast<uint32_t>(WireKind::kGrant),
                desc ? static_cast<uint32_t>(sizeof(*desc)) : 0u, nfds, seq};
   uint8_t body[sizeof(WireHeader) + sizeof(PlaneDescriptor)];
@@ -75,6 +77,7 @@ Result send_grant(int conn, uint64_t nonce, uint32_t seq, const PlaneDescriptor*
   ssize_t n;
   do n = sendmsg(conn, &m, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
+  *hung_up = n < 0 && (errno == EPIPE || errno == ECONNRESET);
   if (n != static_cast<ssize_t>(len))
     return fail(Result::kSystem, "sending plane fds to a peer: %s", n < 0 ? strerror(errno) : "short send");
   return Result::kOk;
@@ -440,7 +443,19 @@ Result FdServer::serve_one(int conn, const std::vector<PeerExpectation>& peers, 
   uint32_t seq = 0;
   for (size_t off = 0; off < fds.size(); off += kMaxFdsPerMessage, ++seq) {
     const uint32_t count = static_cast<uint32_t>(std::min<size_t>(kMaxFdsPerMessage, fds.size() - off));
-    UCM_CHECK(send_grant(conn, nonce_, seq, seq == 0 ? &d : nullptr, fds.data() + off, count));
+    bool hung_up = false;
+    const Result sent = send_grant(conn, nonce_, seq, seq == 0 ? &d : nullptr, fds.data() + off, count, &hung_up);
+    // A peer that said hello and hung up gave up waiting (its own deadline),
+    // or died: its failure, not this socket's.
+    if (hung_up && !is_alive(peers[idx].id))
+      return fail(Result::kPeerDead, "local rank %u (pid %d) exited while it was being sent the shared cache",
+                  peers[idx].local_rank, cred.pid);
+    if (hung_up)
+      return fail(Result::kTimeout,
+                  "local rank %u (pid %d) hung up while it was being sent the shared cache: it stopped waiting "
+                  "(its deadline passed)",
+                  peers[idx].local_rank, cred.pid);
+    UCM_CHECK(sent);
   }
   (*served)[idx] = true;
   UCM_DEBUG(kBoot, "boot socket: gave %zu fds to local rank %u (pid %d)", fds.size(), hello.local_rank, cred.pid);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdint>
@@ -247,6 +248,50 @@ TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
   EXPECT_TRUE(contains(fin_msg, "1 call(s) on other threads were still running 1000 ms")) << fin_msg;
   EXPECT_TRUE(contains(fin_msg, "not freed under them")) << fin_msg;
   EXPECT_NE(looked.load(), UCM_ERR_FINALIZED);
+}
+
+// timeout_ms bounds init's waits for peers too; at its smallest (1 ms),
+// with the ranks arriving a few ms apart, some waits time out. Every rank
+// must still end init with the same result (a rank that says OK beside one
+// that failed would wait in finalize for a peer that never comes), finalize
+// what it got, and leave nothing behind: a sane init after it works.
+TEST_F(Api, InitWithTheSmallestTimeoutEndsTheSameOnEveryRank) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  cfg.timeout_ms = 1;
+  const int n = world_size();
+  for (int round = 0; round < 6; ++round) {
+    // Round 0 together; later rounds with one rank (another each round) late.
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (round > 0 && world_rank() == round % n) std::this_thread::sleep_for(std::chrono::milliseconds(3 * round));
+    ucm_result_t r = UCM_OK;
+    {
+      HangGuard g("ucm_cache_init with timeout_ms 1");
+      r = ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache_);
+    }
+    const std::string why = msg(nullptr);
+    std::vector<int> all(static_cast<size_t>(n));
+    const int mine = static_cast<int>(r);
+    MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    for (int i = 0; i < n; ++i)
+      EXPECT_EQ(all[static_cast<size_t>(i)], mine) << "round " << round << ": rank " << i << " ended init with "
+                                                   << all[static_cast<size_t>(i)] << ", this rank with " << mine
+                                                   << " (" << why << ")";
+    EXPECT_EQ(r == UCM_OK, cache_ != nullptr) << "round " << round << ": " << why;
+    if (r != UCM_OK) {
+      // Before: "sending plane fds to a peer: Broken pipe" (UCM_ERR_SYSTEM)
+      // when a peer gave up first, and timeouts that named no bound.
+      EXPECT_EQ(r, UCM_ERR_TIMEOUT) << "round " << round << ": " << why;
+      EXPECT_TRUE(contains(why, "(timeout_ms 1 bounds each step of init)")) << why;
+    }
+    if (cache_ != nullptr) {
+      HangGuard g("ucm_cache_finalize with timeout_ms 1");
+      (void)ucm_cache_finalize(&cache_);
+    }
+    EXPECT_EQ(cache_, nullptr);
+  }
+  ucm_config_t sane = task_config(64, "sim:latency_us=0");
+  ASSERT_NO_FATAL_FAILURE(init(sane));
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 TEST_F(Api, AWaitWithATimeoutTooLargeForTheClockHasNoBound) {
