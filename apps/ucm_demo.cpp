@@ -666,10 +666,12 @@ void print_summary(const Run& run, const Decode& d, const Totals& t, const Bound
   // and the cache evicted before a slower rank dumped it is written again.
   std::printf("  prefill: %.3f s, %" PRIu64 " write-throughs for %.0f unique shards (%.2f per unique shard, node 0)\n",
               run.prefill_s, run.node0.dumps, unique, double(run.node0.dumps) / unique);
+  // no_space: a get() that found every slot pinned or protected (a fast rank
+  // waiting for slow ones to copy, docs/design.md 5.8), then retried.
   std::printf("  decode:  %" PRIu64 " tasks per rank in %.3f s, hit rate %.1f%%, waits %" PRIu64 ", evictions %" PRIu64
-              ", prealloc %" PRIu64 " made / %" PRIu64 " used\n",
+              ", no-space retries %" PRIu64 ", prealloc %" PRIu64 " made / %" PRIu64 " used\n",
               d.tasks, d.decode_s, asked > 0 ? 100.0 * double(node.hits) / asked : 0.0, node.waits, node.evictions,
-              node.prealloc_made, node.prealloc_used);
+              node.no_space, node.prealloc_made, node.prealloc_used);
   std::printf("  backend loads per unique shard per node: %.2f (%" PRIu64 " loads over %" PRIu64 " nodes)\n",
               double(t.loads_all) / double(t.leaders) / unique, t.loads_all, t.leaders);
   std::printf("  copy bandwidth: %.2f GB/s per rank, %.2f GB/s all ranks\n", t.gbps, t.gbps_all);
@@ -779,7 +781,8 @@ void json_run(FILE* f, const Run& run, const Decode& d, const Measured& m, const
                "  \"prefill_s\": %.6f, \"prefill_writes\": %" PRIu64 ", \"decode_s\": %.6f, \"in_tasks_s_max\": %.6f, \"tasks_per_rank\": %" PRIu64
                ",\n  \"unique_shards\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"loads_per_unique\": %.4f,\n"
                "  \"owner_loads_max\": %" PRIu64 ", \"owner_loads_min\": %" PRIu64 ", \"owner_loads_max_over_min\": %s,\n"
-               "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"bad_shards\": %" PRIu64 ",\n"
+               "  \"hits\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"evictions\": %" PRIu64 ", \"no_space\": %" PRIu64
+               ", \"bad_shards\": %" PRIu64 ",\n"
                "  \"bound\": {\n    \"capacity_slots\": %" PRIu64 ", \"resident_at_start\": %zu, \"min_loads\": %" PRIu64
                ",\n    \"raw_error\": \"%s\", \"raw_direct\": %s, \"raw_passes\": %d, \"raw_threads\": %u, "
                "\"raw_bytes_per_pass\": %" PRIu64 ",\n    \"raw_best_GBps\": %s, \"raw_median_GBps\": %s,\n"
@@ -791,7 +794,7 @@ void json_run(FILE* f, const Run& run, const Decode& d, const Measured& m, const
                double(b.loads) / double(run.unique_shards), b.lmax, b.lmin,
                json_num(b.lmin > 0 ? double(b.lmax) / double(b.lmin) : 0, b.lmin > 0).c_str(),
                t.node.hits - run.node0.hits, t.node.waits - run.node0.waits, t.node.evictions - run.node0.evictions,
-               t.bad_all, b.capacity, run.resident.size(), b.min_loads, json_esc(raw.error).c_str(),
+               t.node.no_space - run.node0.no_space, t.bad_all, b.capacity, run.resident.size(), b.min_loads, json_esc(raw.error).c_str(),
                raw.direct && raw.error.empty() ? "true" : "false", raw.passes, raw.threads, raw.bytes_per_pass,
                json_num(raw.best_bytes_per_s / 1e9, rate).c_str(), json_num(raw.median_bytes_per_s / 1e9, rate).c_str(),
                json_num(b.achievable_s, rate).c_str(), json_num(b.fraction, rate).c_str(),

@@ -27,6 +27,7 @@ def need(ok, what):
 need(d["ranks"] == np, "ranks == %d" % np)
 need(d["pipeline"]["failed_tasks"] == 0, "no load task failed")
 need(d["bad_shards"] == 0, "every byte verified")
+need(isinstance(d["no_space"], int) and d["no_space"] >= 0, "no_space (retries of a get() that found no free slot) counted")
 # Prefill: every rank dumps every shard; the node writes each at least once,
 # and again only when it was evicted before a slower rank dumped it.
 need(d["unique_shards"] <= d["prefill_writes"] <= d["unique_shards"] * d["local_size"], "unique <= prefill writes <= ranks x unique")
