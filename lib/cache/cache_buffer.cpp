@@ -47,12 +47,26 @@ struct TallyRef {
 constexpr size_t kTallyRefs = 4;
 thread_local TallyRef t_tally[kTallyRefs];
 thread_local size_t t_tally_next = 0;
+// The one this thread used last, looked at first: a thread that uses one
+// CacheBuffer finds its cell in one compare, wherever it sits among the four.
+thread_local TallyRef t_tally_last;
 
 }  // namespace
 
 std::atomic<int64_t>* CacheBuffer::tally_cell() {
+  // The slow path out of line: inlined, its registers were saved and
+  // restored on every call, found or not.
+  if (t_tally_last.id == id_) [[likely]]
+    return t_tally_last.cell;
+  return tally_cell_slow();
+}
+
+std::atomic<int64_t>* CacheBuffer::tally_cell_slow() {
   for (TallyRef& t : t_tally)
-    if (t.id == id_) return t.cell;
+    if (t.id == id_) {
+      t_tally_last = t;
+      return t.cell;
+    }
   std::atomic<int64_t>* cell;
   {
     std::lock_guard<std::mutex> g(cells_mu_);
@@ -62,6 +76,7 @@ std::atomic<int64_t>* CacheBuffer::tally_cell() {
   // one next time; the old keeps its count, and the sum stays exact.
   t_tally[t_tally_next] = TallyRef{id_, cell};
   t_tally_next = (t_tally_next + 1) % kTallyRefs;
+  t_tally_last = TallyRef{id_, cell};
   return cell;
 }
 

@@ -286,6 +286,7 @@ class CacheBuffer {
     cell->store(cell->load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
   }
   std::atomic<int64_t>* tally_cell();
+  [[gnu::noinline]] std::atomic<int64_t>* tally_cell_slow();
 
   const BufferCtrl* ctrl_;
   const BufferData* data_;

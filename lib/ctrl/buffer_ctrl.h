@@ -90,6 +90,8 @@ class BufferCtrl {
   std::atomic<uint32_t>& pin(uint32_t r, uint32_t i) const {
     return reinterpret_cast<std::atomic<uint32_t>*>(pins_ + r * pin_row_bytes_)[i];
   }
+  // Bytes from pin(r, i) to pin(r + 1, i): a walk of one slot's rows.
+  uint64_t pin_row_bytes() const { return pin_row_bytes_; }
   std::atomic<uint8_t>& accessed(uint32_t i) const { return accessed_[i]; }
   // The stored word of slot i (layout.h).
   std::atomic<uint32_t>& stored(uint32_t i) const { return stored_[i]; }

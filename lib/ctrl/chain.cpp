@@ -76,20 +76,42 @@ void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot) {
 }
 
 Result chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found) {
-  uint32_t prev = kNoSlot;
   *found = false;
-  UCM_CHECK(walk_locked(c, b, [&](uint32_t i, uint32_t p) {
-    prev = p;
-    return *found = i == slot;
-  }));
-  if (!*found) return Result::kOk;
+  // walk_locked's walk, with the links it passes kept in registers (through
+  // the lambda, *found was stored at every link): the same checks, in the
+  // same order, and the same count.
+  const uint32_t total = c.total_slots();
+  uint32_t prev = kNoSlot;
+  uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
+  uint32_t pos = 0;
+  Result r = Result::kOk;
+  bool hit = false;
+  for (; i != kNoSlot; ++pos) {
+    if (i >= total) {
+      r = chain_bad_index(c, b, pos, i);
+      break;
+    }
+    if (pos >= total) {
+      r = chain_too_long(c, b);
+      break;
+    }
+    if (i == slot) {
+      hit = true;
+      ++pos;
+      break;
+    }
+    prev = i;
+    i = c.slot(i).next.load(std::memory_order_acquire);
+  }
+  ++t_chain_stats.locked_walks;
+  t_chain_stats.links += pos;
+  if (r != Result::kOk || !hit) return r;
   // The link after the slot is checked too: unlinking would splice it in.
   const uint32_t after = c.slot(slot).next.load(std::memory_order_relaxed);
-  if (after != kNoSlot && after >= c.total_slots()) {
-    *found = false;
+  if (after != kNoSlot && after >= total)
     return fail(Result::kCorrupt, "bucket %u's chain: slot %u links to slot index %u >= %u slots", b, slot, after,
-                c.total_slots());
-  }
+                total);
+  *found = true;
   if (prev == kNoSlot) c.bucket(b).head.store(after, std::memory_order_release);
   else c.slot(prev).next.store(after, std::memory_order_release);
   return Result::kOk;

@@ -47,7 +47,14 @@
 namespace ucm {
 
 // A never-used regular slot, claimed; kNoSlot when all have been used.
-uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder);
+uint32_t take_unused_regular_slow(const BufferCtrl& c, uint32_t holder);
+inline uint32_t take_unused_regular(const BufferCtrl& c, uint32_t holder) {
+  // Used up (every miss once the cache has filled): one load, no call. The
+  // counter only grows, so a stale read here at worst costs the slow path's
+  // own look at it.
+  if (c.globals().unused_regular.load(std::memory_order_relaxed) >= c.regular_slots()) return kNoSlot;
+  return take_unused_regular_slow(c, holder);
+}
 // Positions of the second-chance phase in a pool larger than this, and the
 // most positions one call of a taker examines (see above).
 constexpr uint32_t kSweepSecondChance = 64;

@@ -150,7 +150,7 @@ struct ProtectView {
   uint32_t now_ms = 0;
   bool have_now = false;
   uint32_t have_passed = 0;            // bit r: passed[r] was read
-  uint32_t passed[kMaxRanks] = {};     // RankRecord.tasks_passed, read once per sweep
+  uint32_t passed[kMaxRanks];          // RankRecord.tasks_passed, read once per sweep (valid where have_passed says)
 };
 
 inline ProtectView protect_view(const BufferCtrl& c) {
