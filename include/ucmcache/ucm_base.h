@@ -186,10 +186,12 @@ static inline ucm_result_t ucm_config_init(ucm_config_t* config) {
  * Threads: any, at any time. */
 UCM_API ucm_result_t ucm_config_check(const ucm_config_t* config);
 
-/* The message of the last failed call on `cache` (NULL: of the last failed
- * call on this thread that had no usable cache: ucm_config_*, ucm_cache_init,
- * ucm_get_version, or a call with a bad handle). Valid until the next call on
- * this thread. Threads: any, at any time. */
+/* The message of this thread's last failed call on `cache`, also when other
+ * threads' calls on it failed since; from a thread that had no failed call
+ * on it, the last failed call on `cache` of any thread (NULL: of the last
+ * failed call on this thread that had no usable cache: ucm_config_*,
+ * ucm_cache_init, ucm_get_version, or a call with a bad handle). Valid until
+ * the next call on this thread. Threads: any, at any time. */
 UCM_API const char* ucm_last_error(ucm_cache_t cache);
 
 /* Kept for callers of 0.1: the same as ucm_last_error(NULL).
