@@ -2,8 +2,9 @@
 // store that fails a fraction of all loads (retried and taken over), and a
 // cache whose every slot a peer pins (back-pressure, then UCM_ERR_NO_SPACE).
 // A rank SIGKILLed while it owns loads is tested in the mp suite
-// (tests/mp/queue_kill_test.cpp): mpirun tears the whole job down when a rank
-// dies, so that test forks its ranks instead.
+// (tests/mp/queue_kill_test.cpp, forked ranks), and at the C API under
+// `mpirun --enable-recovery` by mpi-kill-mid-task (kill_mid_task.c): a gtest
+// binary cannot lose a rank, since its MPI_Finalize would wait for it.
 #include <cstdio>
 #include <string>
 #include <vector>
