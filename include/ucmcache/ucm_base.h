@@ -399,7 +399,11 @@ UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* en
  * failure: UCM_ERR_BACKEND names the keys that failed; UCM_ERR_CORRUPT a shard
  * whose stored copy failed its checks, not retried while it stays in the
  * cache, replaced by a dump of the key) and retires the handle;
- * UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK for a handle that is
+ * UCM_ERR_TIMEOUT of this wait's own bound ("still running after N ms")
+ * leaves it valid. A task whose shards missed their deadline (timeout_ms of
+ * the config) has UCM_ERR_TIMEOUT as its result, retired as any result: to
+ * tell the two apart, ucm_task_test the handle (UCM_ERR_UNKNOWN_TASK once
+ * retired). UCM_ERR_UNKNOWN_TASK for a handle that is
  * not (or no longer) a task of this cache; UCM_ERR_FINALIZED when
  * ucm_cache_finalize begins, even during an unbounded wait.
  * Threads: any; several threads may wait for the same task (one gets its
