@@ -144,6 +144,16 @@ bool parse_flags(int argc, char** argv, Options* o) {
 }
 
 // The options' ranges, each bad value named; then the KV buffer's default size.
+// The demo verifies that what it loads is what it dumped: the sim store
+// makes every shard's bytes up from its key instead (it keeps none).
+bool store_keeps_dumps(const Options& o) {
+  if (o.backend.rfind("sim:", 0) != 0) return true;
+  std::fprintf(stderr, "ucm_demo: --backend %s: the sim store does not keep what is dumped (it makes each shard's bytes "
+                       "up from its key), so no load could verify; use a posix store (--store DIR)\n",
+               o.backend.c_str());
+  return false;
+}
+
 bool validate(Options* o) {
   if (o->hot > o->prompts) {  // each flag's own range: parse_flags (whole_arg)
     std::fprintf(stderr, "ucm_demo: --hot %d: at most --prompts %d (the hot blocks are prompts)\n", o->hot, o->prompts);
@@ -181,6 +191,7 @@ bool validate(Options* o) {
     std::fprintf(stderr, "ucm_demo: --decode-only needs the store an earlier run wrote (--store DIR)\n");
     return false;
   }
+  if (!store_keeps_dumps(*o)) return false;
   if (o->kv_layers == 0) o->kv_layers = ucm_demo::kv_parts_for(o->window, o->layers);
   return true;
 }

@@ -186,10 +186,12 @@ static inline ucm_result_t ucm_config_init(ucm_config_t* config) {
  * Threads: any, at any time. */
 UCM_API ucm_result_t ucm_config_check(const ucm_config_t* config);
 
-/* The message of the last failed call on `cache` (NULL: of the last failed
- * call on this thread that had no usable cache: ucm_config_*, ucm_cache_init,
- * ucm_get_version, or a call with a bad handle). Valid until the next call on
- * this thread. Threads: any, at any time. */
+/* The message of this thread's last failed call on `cache`, also when other
+ * threads' calls on it failed since; from a thread that had no failed call
+ * on it, the last failed call on `cache` of any thread (NULL: of the last
+ * failed call on this thread that had no usable cache: ucm_config_*,
+ * ucm_cache_init, ucm_get_version, or a call with a bad handle). Valid until
+ * the next call on this thread. Threads: any, at any time. */
 UCM_API const char* ucm_last_error(ucm_cache_t cache);
 
 /* Kept for callers of 0.1: the same as ucm_last_error(NULL).
@@ -397,7 +399,11 @@ UCM_API ucm_result_t ucm_dump_task(ucm_cache_t cache, const ucm_dump_entry_t* en
  * failure: UCM_ERR_BACKEND names the keys that failed; UCM_ERR_CORRUPT a shard
  * whose stored copy failed its checks, not retried while it stays in the
  * cache, replaced by a dump of the key) and retires the handle;
- * UCM_ERR_TIMEOUT leaves it valid; UCM_ERR_UNKNOWN_TASK for a handle that is
+ * UCM_ERR_TIMEOUT of this wait's own bound ("still running after N ms")
+ * leaves it valid. A task whose shards missed their deadline (timeout_ms of
+ * the config) has UCM_ERR_TIMEOUT as its result, retired as any result: to
+ * tell the two apart, ucm_task_test the handle (UCM_ERR_UNKNOWN_TASK once
+ * retired). UCM_ERR_UNKNOWN_TASK for a handle that is
  * not (or no longer) a task of this cache; UCM_ERR_FINALIZED when
  * ucm_cache_finalize begins, even during an unbounded wait.
  * Threads: any; several threads may wait for the same task (one gets its

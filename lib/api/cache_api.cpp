@@ -79,7 +79,7 @@ UCM_API const char* ucm_last_error(ucm_cache_t cache) {
   ucm::CacheRef ref;
   const ucm::Result r = guarded("ucm_last_error", [&] {
     UCM_CHECK(ref.acquire(cache));
-    copy = ref.get()->error();
+    copy = ucm::cache_error(cache, *ref.get());
     return ucm::Result::kOk;
   });
   if (r != ucm::Result::kOk) {

@@ -110,16 +110,33 @@ Result retire_handle(ucm_cache_t h, void (*close)(Cache*), Retired* out) {
   return Result::kOk;
 }
 
-ucm_result_t finish_call(Cache* c, Result r) noexcept {
+namespace {
+
+// This thread's last failed call on a cache: the handle and the message.
+struct ThreadCacheError {
+  ucm_cache_t handle = nullptr;
+  std::string message;
+};
+thread_local ThreadCacheError t_cache_error;
+
+}  // namespace
+
+ucm_result_t finish_call(Cache* c, Result r, ucm_cache_t h) noexcept {
   if (r != Result::kOk) {
     try {
       if (c) c->set_error(last_error());
       else set_orphan_error(last_error());
+      if (c && h) t_cache_error.handle = h, t_cache_error.message = last_error();
     } catch (...) {
       // No memory for the message: the result still says what failed.
     }
   }
   return static_cast<ucm_result_t>(r);
+}
+
+std::string cache_error(ucm_cache_t h, const Cache& c) {
+  if (t_cache_error.handle == h) return t_cache_error.message;
+  return c.error();
 }
 
 }  // namespace ucm

@@ -83,8 +83,17 @@ struct Retired {
 [[nodiscard]] Result retire_handle(ucm_cache_t h, void (*close)(Cache*), Retired* out);
 
 // Ends a C API call: a failure's message goes to the cache's last error (or
-// the thread's, with no cache); the result is returned as the C enum.
-ucm_result_t finish_call(Cache* c, Result r) noexcept;
+// the thread's, with no cache); the result is returned as the C enum. With
+// the call's handle `h`, the message is also kept as this thread's last on
+// h, so that a thread reads its own failure's message, not one another
+// thread's call on the cache made since (cache_error).
+ucm_result_t finish_call(Cache* c, Result r, ucm_cache_t h = nullptr) noexcept;
+
+// ucm_last_error(h) on a cache this thread holds a reference on: this
+// thread's last failed call's message on h, or, where this thread had none,
+// the cache's (any thread's) last. Handles are never reused (tombstones), so
+// a message of a finalized cache never shows for another.
+std::string cache_error(ucm_cache_t h, const Cache& c);
 
 // One C API call on a cache: holds a reference for its length, runs
 // f(Cache&) -> Result with every exception mapped, records the message.
@@ -93,7 +102,7 @@ ucm_result_t cache_call(ucm_cache_t h, const char* where, F&& f) noexcept {
   CacheRef ref;
   const Result r = guarded(where, [&] { return ref.acquire(h); });
   if (r != Result::kOk) return finish_call(nullptr, r);
-  return finish_call(ref.get(), guarded(where, [&] { return f(*ref.get()); }));
+  return finish_call(ref.get(), guarded(where, [&] { return f(*ref.get()); }), h);
 }
 
 }  // namespace ucm

@@ -467,6 +467,33 @@ bool PosixBackend::aligned_for_direct(const IoRequest* req) const {
          req->bytes % dio_off_align_ == 0 && (uint64_t{req->key.shard} * ctx_.shard_bytes) % dio_off_align_ == 0;
 }
 
+// Why a block file did not open. ENOENT is "no file" (kNotFound), unless the
+// store directory itself is gone (removed while the job ran; the open
+// directory then has no links): every load misses and every dump fails
+// (with O_CREAT nothing else gives ENOENT), and both say why.
+Result PosixBackend::open_error(int e, const Key& k, bool for_dump, const std::string& path, char* err,
+                                size_t err_len) const {
+  struct stat dst;
+  if (e == ENOENT && fstat(dir_fd_, &dst) == 0 && dst.st_nlink == 0) {
+    key_error(err, err_len, k, path, "the store directory %s was removed while the job ran", opts_.dir.c_str());
+    return for_dump ? Result::kBackend : Result::kNotFound;
+  }
+  if (e == ENOENT) {
+    key_error(err, err_len, k, path, "no such file");
+    return for_dump ? Result::kBackend : Result::kNotFound;
+  }
+  if (e == ELOOP) {
+    key_error(err, err_len, k, path, "a symbolic link; the store follows no links");
+    return Result::kCorrupt;
+  }
+  if (e == EISDIR) {
+    key_error(err, err_len, k, path, "not a regular file (a directory)");
+    return Result::kCorrupt;
+  }
+  key_error(err, err_len, k, path, "opening: %s", strerror(e));
+  return Result::kBackend;
+}
+
 // Opens the block file of k: never following a link, never waiting (a FIFO
 // opens at once with O_NONBLOCK, which changes nothing for a regular file),
 // and only a regular file this user owns. What else is found under a block's
@@ -479,23 +506,7 @@ Result PosixBackend::open_block(const Key& k, bool for_dump, int* out, char* err
   const std::string path = opts_.dir + "/" + name;
   const int flags = (for_dump ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | kStatusFlags | O_CLOEXEC;
   const int fd = openat_retry(dir_fd_, name.c_str(), flags, static_cast<mode_t>(opts_.file_mode));
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ENOENT) {
-      key_error(err, err_len, k, path, "no such file");
-      return Result::kNotFound;
-    }
-    if (e == ELOOP) {
-      key_error(err, err_len, k, path, "a symbolic link; the store follows no links");
-      return Result::kCorrupt;
-    }
-    if (e == EISDIR) {
-      key_error(err, err_len, k, path, "not a regular file (a directory)");
-      return Result::kCorrupt;
-    }
-    key_error(err, err_len, k, path, "opening: %s", strerror(e));
-    return Result::kBackend;
-  }
+  if (fd < 0) return open_error(errno, k, for_dump, path, err, err_len);
   struct stat st;
   Result r = Result::kOk;
   ++t_syscalls;

@@ -170,6 +170,7 @@ class PosixBackend final : public Backend {
   void do_dump(IoRequest* req);
   bool aligned_for_direct(const IoRequest* req) const;
   Result open_block(const Key& k, bool for_dump, int* fd, char* err, size_t err_len) const;
+  Result open_error(int e, const Key& k, bool for_dump, const std::string& path, char* err, size_t err_len) const;
   ssize_t transfer(IoRequest* req, int fd, bool is_load);
   void stop_direct(const char* why);
   Result read_header(int fd, const Key& k, const std::string& path, ShardHeader* h, char* err, size_t err_len) const;

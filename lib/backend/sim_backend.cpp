@@ -22,6 +22,9 @@ Result parse_key_list(const std::string& name, const std::string& value, std::ve
     if (end == std::string::npos) end = value.size();
     const std::string item = value.substr(pos, end - pos);
     pos = end + 1;
+    if (item.empty() || (pos == value.size() && value.back() == '+'))
+      return fail(Result::kInvalidArg, "backend option %s=%s has an empty item (a '+' too many)", name.c_str(),
+                  value.c_str());
     const size_t dot = item.find('.');
     if (dot == std::string::npos)
       return fail(Result::kInvalidArg, "backend option %s: \"%s\" is not LO.SHARD", name.c_str(), item.c_str());

@@ -54,7 +54,12 @@ Result parse_spec(const std::string& text, Spec* out) {
       const size_t eq = item.find('=');
       if (eq == std::string::npos)
         return fail(Result::kInvalidArg, "backend spec item \"%s\" is not key=value", item.c_str());
-      s.options.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+      const std::string key = item.substr(0, eq);
+      for (const auto& o : s.options)
+        if (o.first == key)
+          return fail(Result::kInvalidArg, "backend option %s is given twice (%s=%s and %s)", key.c_str(), key.c_str(),
+                      o.second.c_str(), item.c_str());
+      s.options.emplace_back(key, item.substr(eq + 1));
     }
   }
   *out = std::move(s);

@@ -69,9 +69,35 @@ void sync_cuda_stream(uintptr_t stream, const std::string& what) {
 }
 
 uint64_t typestr_bytes(const std::string& typestr, const std::string& what) {
-  // "<f4", "|u1", "<c8": the size is the number after the kind.
-  if (typestr.size() < 3) raise_invalid(what + ": __cuda_array_interface__ typestr '" + typestr + "' is not understood");
-  return std::stoull(typestr.substr(2));
+  // "<f4", "|u1", "<c8": the size is the number after the kind, 1 to 64 bytes
+  // (std::stoull would take "4x", and throw its own "stoull" for "X").
+  uint64_t n = 0;
+  bool ok = typestr.size() >= 3 && typestr.size() <= 4;
+  for (size_t i = 2; ok && i < typestr.size(); ++i) {
+    ok = typestr[i] >= '0' && typestr[i] <= '9';
+    n = n * 10 + static_cast<uint64_t>(typestr[i] - '0');
+  }
+  if (!ok || n == 0 || n > 64)
+    raise_invalid(what + ": __cuda_array_interface__ typestr '" + typestr + "' is not understood (an item of 1 to 64 bytes)");
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// item x the product of the dimensions: a negative dimension, or a product
+// past 2^63, is the exporter's error, named (a wrapped product could equal
+// shard_bytes and pass the size check).
+uint64_t extent_bytes(const std::vector<int64_t>& shape, int64_t item, const std::string& what, const char* iface) {
+  int64_t n = item;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      raise_invalid(what + ": " + iface + " shape " + shape_string(shape) + " of " + std::to_string(item) +
+                    "-byte items is not a size", "BufferSizeError");
+  return static_cast<uint64_t>(n);
 }
 
 bool c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, int64_t item) {
@@ -98,11 +124,14 @@ Region acquire_cai(py::handle obj, bool writable, const What& what, Holder* h) {
   const uint64_t item = typestr_bytes(cai["typestr"].cast<std::string>(), what);
   std::vector<int64_t> shape;
   for (auto d : py::tuple(cai["shape"])) shape.push_back(d.cast<int64_t>());
-  int64_t n = static_cast<int64_t>(item);
-  for (int64_t d : shape) n *= d;
+  const uint64_t n = extent_bytes(shape, static_cast<int64_t>(item), what, "__cuda_array_interface__");
   if (cai.contains("strides") && !cai["strides"].is_none()) {
     std::vector<int64_t> st;
     for (auto d : py::tuple(cai["strides"])) st.push_back(d.cast<int64_t>());
+    if (st.size() != shape.size())
+      raise_invalid(what + ": __cuda_array_interface__ has " + std::to_string(st.size()) + " strides for the " +
+                        std::to_string(shape.size()) + " dimensions of shape " + shape_string(shape),
+                    "BufferLayoutError");
     if (!c_contiguous(shape, st, static_cast<int64_t>(item)))
       raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
   }
@@ -113,7 +142,7 @@ Region acquire_cai(py::handle obj, bool writable, const What& what, Holder* h) {
   }
   h->set_ref(o);
   if (p == 0 && n > 0) raise_class("InvalidArgumentError", UCM_ERR_NULL_POINTER, what + ": a NULL device pointer");
-  return Region{p, static_cast<uint64_t>(n)};
+  return Region{p, n};
 }
 
 // The buffer protocol: PyBUF_SIMPLE is the cheapest request (no shape,
@@ -222,9 +251,10 @@ Region acquire_dlpack(py::handle obj, bool writable, const What& what, Holder* h
                                           " (only CPU and CUDA memory)");
   }
   const int64_t item = (int64_t{t->dtype.bits} * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
+  if (t->ndim < 0 || (t->ndim > 0 && !t->shape))
+    raise_invalid(what + " (" + type_name(obj) + "): DLPack ndim " + std::to_string(t->ndim) + " without a shape");
   std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
-  int64_t n = item;
-  for (int64_t d : shape) n *= d;
+  const uint64_t n = extent_bytes(shape, item, what, "DLPack");
   if (t->strides) {
     std::vector<int64_t> st(t->strides, t->strides + t->ndim);
     for (auto& s : st) s *= item;  // DLPack strides count elements
@@ -232,7 +262,7 @@ Region acquire_dlpack(py::handle obj, bool writable, const What& what, Holder* h
       raise_invalid(what + " (" + type_name(obj) + ") is not C-contiguous", "BufferLayoutError");
   }
   h->set_ref(obj.ptr());
-  return Region{reinterpret_cast<uintptr_t>(t->data) + t->byte_offset, static_cast<uint64_t>(n)};
+  return Region{reinterpret_cast<uintptr_t>(t->data) + t->byte_offset, n};
 }
 
 }  // namespace

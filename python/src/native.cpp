@@ -199,8 +199,25 @@ class TaskImpl {
       left = std::max<int64_t>(0, timeout_ms - spent);
     }
     const ucm_result_t r = ucm_task_wait(cache_->handle(), id_, left);
-    if (r == UCM_ERR_TIMEOUT) return false;
+    if (r == UCM_ERR_TIMEOUT) return after_timeout();
     store(r);
+    return true;
+  }
+
+  // UCM_ERR_TIMEOUT is the wait's own bound running out (the task runs on)
+  // or the task's result, its deadline (timeout_ms): then the wait retired
+  // the handle, and ucm_task_test says it is not a task any more. A task that
+  // ended just after the wait gave up is done for the test. wait_mu_ held.
+  bool after_timeout() {
+    const std::string why = ucm_last_error(cache_->handle());  // before the test's own error
+    int done = 0;
+    const ucm_result_t t = ucm_task_test(cache_->handle(), id_, &done);
+    if (t == UCM_ERR_UNKNOWN_TASK) {
+      store(UCM_ERR_TIMEOUT, why);
+      return true;
+    }
+    if (!done) return false;
+    store(t);
     return true;
   }
 
@@ -241,8 +258,11 @@ class TaskImpl {
 
  private:
   void store(ucm_result_t r) {
+    store(r, r != UCM_OK ? ucm_last_error(cache_->handle()) : std::string());  // this thread's, from the call just made
+  }
+  void store(ucm_result_t r, const std::string& message) {
     result_ = r;
-    if (r != UCM_OK) message_ = ucm_last_error(cache_->handle());  // this thread's, from the call just made
+    message_ = message;
     known_.store(true, std::memory_order_release);
   }
 

@@ -926,6 +926,28 @@ TEST(PosixBackend, ANeverStoredBlockIsNotFoundNamingItsFile) {
   EXPECT_TRUE(contains(r.error, b->block_path(block(4)))) << r.error;
 }
 
+// The store's directory removed while the job runs (a cleanup script, a
+// scratch purge): every dump fails and every load misses, and both say the
+// directory is gone rather than "no such file" for a file a dump creates.
+TEST(PosixBackend, ARemovedStoreDirectoryFailsDumpsSayingSo) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto b = make_posix(dir.path, 4096, 4);
+  ASSERT_NE(b, nullptr);
+  dump_blocks(b.get(), {1}, 1, 4096);
+  std::error_code ec;
+  std::filesystem::remove_all(dir.path, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  AlignedBuf buf(4096);
+  sim_fill(key(2, 0), buf.get(), 4096);
+  const SyncResult d = dump_sync(b.get(), key(2, 0), buf.get(), 4096);
+  EXPECT_EQ(res(d.result), res(Result::kBackend)) << d.error;
+  EXPECT_TRUE(contains(d.error, "store directory " + dir.path + " was removed")) << d.error;
+  const SyncResult l = load_one(b.get(), key(1, 0), 4096);
+  EXPECT_EQ(res(l.result), res(Result::kNotFound)) << l.error;
+  EXPECT_TRUE(contains(l.error, "store directory " + dir.path + " was removed")) << l.error;
+}
+
 // ---- init errors ------------------------------------------------------------
 
 TEST(PosixBackend, MissingDirectoryIsAnInitErrorNamingThePath) {

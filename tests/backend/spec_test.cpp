@@ -103,6 +103,15 @@ TEST(Spec, UnknownOptionIsNamed) {
   expect_rejected("posix:/tmp,bogus=1", {"bogus"});
 }
 
+// A repeated option is a typo or a clash ("direct=on,...,direct=off"); the
+// last one used to win silently.
+TEST(Spec, AnOptionGivenTwiceIsNamed) {
+  expect_rejected("posix:/tmp,direct=on,depth=2,direct=off", {"direct", "twice"});
+  expect_rejected("sim:latency_us=0,latency_us=5", {"latency_us", "twice"});
+  expect_rejected("sim:fail_keys=1.1+", {"fail_keys", "empty"});
+  expect_rejected("sim:hang_keys=1.1++2.2", {"hang_keys", "empty"});
+}
+
 TEST(Spec, ItemThatIsNotKeyValueIsNamed) {
   expect_rejected("sim:latency_us=1,oops", {"oops"});
   expect_rejected("sim:fast", {"fast"});

@@ -2,11 +2,14 @@
 // store that fails a fraction of all loads (retried and taken over), and a
 // cache whose every slot a peer pins (back-pressure, then UCM_ERR_NO_SPACE).
 // A rank SIGKILLed while it owns loads is tested in the mp suite
-// (tests/mp/queue_kill_test.cpp): mpirun tears the whole job down when a rank
-// dies, so that test forks its ranks instead.
+// (tests/mp/queue_kill_test.cpp, forked ranks), and at the C API under
+// `mpirun --enable-recovery` by mpi-kill-mid-task (kill_mid_task.c): a gtest
+// binary cannot lose a rank, since its MPI_Finalize would wait for it.
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -50,6 +53,38 @@ TEST_F(Fault, FailedKeysAreABackendErrorNamingThemAndEveryOtherEntryLands) {
   good.add(ukey(40003, 2));  // the same block, another shard
   EXPECT_EQ(load_and_wait(cache, good), UCM_OK) << ucm_last_error(cache);
   for (size_t i = 0; i < good.entries.size(); ++i) EXPECT_EQ(good.verify(i), kTaskShard) << "entry " << i;
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// ucm_last_error(cache) after a failed call gives that call's message, also
+// when another thread's call on the same cache failed in between (the Python
+// module reads a failed task's message, and its failed keys, that way).
+// Step-synchronized: A's task fails, then B's call fails, then both read.
+TEST_F(Fault, EachThreadReadsTheMessageOfItsOwnFailedCall) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0,fail_keys=40103.1");
+  cfg.load_retries = 0;
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t cache = cache_;
+  LoadBatch a;
+  a.add(ukey(40103, 1));
+  EXPECT_EQ(load_and_wait(cache, a), UCM_ERR_BACKEND);  // thread A: this one
+  std::string b_msg;
+  std::thread b([&] {
+    LoadBatch bad;
+    bad.add(ukey(40104, 999));  // shard 999 >= shards_per_block
+    ucm_task_t t = 0;
+    EXPECT_EQ(ucm_load_task(cache, bad.entries.data(), 1, &t), UCM_ERR_OUT_OF_RANGE);
+    b_msg = ucm_last_error(cache);
+  });
+  b.join();
+  const std::string a_msg = ucm_last_error(cache);
+  EXPECT_NE(a_msg.find(key_hex(ukey(40103, 1))), std::string::npos) << "thread A read: " << a_msg;
+  EXPECT_NE(b_msg.find("shard 999 >= shards_per_block"), std::string::npos) << "thread B read: " << b_msg;
+  // A thread that made no failed call on the cache reads the cache's last.
+  std::string c_msg;
+  std::thread c([&] { c_msg = ucm_last_error(cache); });
+  c.join();
+  EXPECT_EQ(c_msg, b_msg);
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 

@@ -15,7 +15,7 @@ HUNG = 777  # sim store: loads of block 777, shard 0 hang until the store goes
 
 def sim_cache(comm, **over):
     spec = "sim:latency_us=50,gbps=0,hang_keys=%d.0,fail_keys=888.1" % HUNG
-    return ucmcache.Cache(comm, **base_config(spec, timeout_ms=5000, **over))
+    return ucmcache.Cache(comm, **base_config(spec, **{"timeout_ms": 5000, **over}))
 
 
 def hung_key():
@@ -144,4 +144,24 @@ def test_sync_wait_reports_backend_keys(comm):
             c.load(keys, np.zeros((4, SHARD), np.uint8)).wait()
         assert e.value.keys == [keys[3]] and e.value.indexes == [3]
         assert "888" in str(e.value) or "0000000000000378" in str(e.value)
+        comm.Barrier()
+
+
+def test_a_task_that_fails_by_its_deadline_is_its_outcome_not_a_wait_timeout(comm):
+    # ucm_task_wait says UCM_ERR_TIMEOUT both when its own bound runs out (the
+    # task runs on) and when the task's result is its deadline (timeout_ms,
+    # the handle retired). Bounded waits of a hung load, again and again, must
+    # end with the task's own failure naming the key, not "still running" and
+    # then UnknownTaskError (the outcome lost).
+    with sim_cache(comm, timeout_ms=1000) as c:
+        t = c.load([hung_key()], np.zeros(SHARD, np.uint8))
+        for _ in range(200):  # at most 40 s: the task ends after 1
+            with pytest.raises(ucmcache.UcmTimeoutError) as e:
+                t.wait(0.2)
+            if "still running" not in str(e.value):
+                break
+        assert "deadline" in str(e.value) and "%032x" % HUNG in str(e.value), str(e.value)
+        assert t.done
+        with pytest.raises(ucmcache.UnknownTaskError, match="already waited"):
+            t.wait(0.2)
         comm.Barrier()

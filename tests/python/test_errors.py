@@ -58,6 +58,37 @@ def test_not_a_buffer_and_not_contiguous(comm, cache):
         cache.load(keys, strided)
 
 
+class LyingCai:
+    """__cuda_array_interface__ over a real shard of host memory whose typestr,
+    shape or strides do not describe it."""
+
+    def __init__(self, a, typestr, shape, strides=None):
+        self.a = a
+        self.__cuda_array_interface__ = {"data": (a.ctypes.data, False), "shape": shape, "typestr": typestr,
+                                         "strides": strides, "version": 3}
+
+
+@pytest.mark.parametrize("typestr,shape,strides,says", [
+    ("<fX", (SHARD,), None, r"typestr '<fX'"),
+    ("<f99999999999999999999", (SHARD,), None, r"typestr '<f99999999999999999999'"),
+    ("<u0", (SHARD,), None, r"typestr '<u0'"),
+    ("|u1", (-1, -SHARD), None, r"shape \(-1, -16384\)"),  # the product is SHARD
+    ("<u4", (2**62 + SHARD // 4,), None, r"shape \(4611686018427392000,\)"),  # wraps to SHARD bytes
+    ("|u1", (2**62, 4, 1), None, r"shape \(4611686018427387904, 4, 1\)"),
+    ("|u1", (2, 4, SHARD // 8), (SHARD // 8,), r"1 strides for the 3 dimensions of shape \(2, 4, 2048\)"),
+])
+def test_a_cuda_array_interface_that_lies_names_its_bad_field(comm, cache, typestr, shape, strides, says):
+    # Before: ValueError/IndexError 'stoull' for the typestrs, and the shapes
+    # were taken (a negative or wrapped product of SHARD) and copied into.
+    k = keys_of(125 + comm.Get_rank(), 1)
+    cache.dump(k, [pattern(k[0])]).wait()
+    a = np.zeros(SHARD, np.uint8)
+    with pytest.raises(ucmcache.InvalidArgumentError, match=says) as e:
+        cache.load(k, [LyingCai(a, typestr, shape, strides)])
+    assert e.value.result == errors.ERR_INVALID_ARG
+    assert not a.any()  # nothing was copied
+
+
 @pytest.mark.parametrize("keys,says", [
     (5, "keys is a int"),
     ("abc", "keys is a str"),
