@@ -588,10 +588,13 @@ bool LoadQueue::untrack_io(Io* io) {
 void LoadQueue::drop_late(Io* io) {
   // Its slot was abandoned (or its write failed) at the deadline; the
   // I/O's pin kept the slot from being re-keyed until now.
-  late_completions_.fetch_add(1, std::memory_order_relaxed);
   UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", opts_.local_rank,
            key_text(io->req.key).c_str());
   cache_->release(io->slot);
+  // Counted once its pin is gone, so a reader that sees the count (acquire)
+  // sees the slot released too (test Hang.AHungWriteThroughFailsItsDumpAtTheDeadline
+  // saw the count and then the pin, under load).
+  late_completions_.fetch_add(1, std::memory_order_release);
   note_overdue(io, false);
   delete io;
 }

@@ -126,7 +126,7 @@ class LoadQueue {
   [[nodiscard]] Result submit(const std::shared_ptr<Task>& t);
   uint64_t io_in_flight() const;
   // Store completions that came after their I/O had expired (and were dropped).
-  uint64_t late_completions() const { return late_completions_.load(std::memory_order_relaxed); }
+  uint64_t late_completions() const { return late_completions_.load(std::memory_order_acquire); }
   // I/Os that passed their deadline in flight (each ends in one late completion).
   uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
   // Hand-offs of dispatched entries to the copier (each one lock and one wake).
