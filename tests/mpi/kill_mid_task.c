@@ -25,30 +25,12 @@
 #include <unistd.h>
 
 #include "c_config.h"
+#include "c_proc.h"
 #include "leak_check.h"
 #include "ucmcache/ucm.h"
 
 #define NKEYS 8
 #define SHARD (64u << 10)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int gone(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return 1;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char* p = strrchr(buf, ')');
-  return p && (p[2] == 'Z' || p[2] == 'X');
-}
 
 /* The sim store's content (lib/backend/sim_content.h), for the check. */
 static uint64_t sim_word(const ucm_key_t* k, uint64_t w) {
