@@ -77,36 +77,18 @@ void chain_push(const BufferCtrl& c, uint32_t b, uint32_t slot) {
 
 Result chain_unlink(const BufferCtrl& c, uint32_t b, uint32_t slot, bool* found) {
   *found = false;
-  // walk_locked's walk, with the links it passes kept in registers (through
-  // the lambda, *found was stored at every link): the same checks, in the
-  // same order, and the same count.
-  const uint32_t total = c.total_slots();
+  // Locals, written at the hit only: through *found (which may alias the
+  // chain) the walk stored at every link.
   uint32_t prev = kNoSlot;
-  uint32_t i = c.bucket(b).head.load(std::memory_order_acquire);
-  uint32_t pos = 0;
-  Result r = Result::kOk;
   bool hit = false;
-  for (; i != kNoSlot; ++pos) {
-    if (i >= total) {
-      r = chain_bad_index(c, b, pos, i);
-      break;
-    }
-    if (pos >= total) {
-      r = chain_too_long(c, b);
-      break;
-    }
-    if (i == slot) {
-      hit = true;
-      ++pos;
-      break;
-    }
-    prev = i;
-    i = c.slot(i).next.load(std::memory_order_acquire);
-  }
-  ++t_chain_stats.locked_walks;
-  t_chain_stats.links += pos;
-  if (r != Result::kOk || !hit) return r;
+  UCM_CHECK(walk_locked(c, b, [&](uint32_t i, uint32_t p) {
+    if (i != slot) return false;
+    prev = p;
+    return hit = true;
+  }));
+  if (!hit) return Result::kOk;
   // The link after the slot is checked too: unlinking would splice it in.
+  const uint32_t total = c.total_slots();
   const uint32_t after = c.slot(slot).next.load(std::memory_order_relaxed);
   if (after != kNoSlot && after >= total)
     return fail(Result::kCorrupt, "bucket %u's chain: slot %u links to slot index %u >= %u slots", b, slot, after,
