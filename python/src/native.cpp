@@ -49,6 +49,8 @@ namespace {
 
 int64_t timeout_ms_of(py::handle timeout) {
   if (timeout.is_none()) return -1;
+  // bool is an int to Python, but True is no number of seconds.
+  if (PyBool_Check(timeout.ptr())) raise_invalid("timeout is a bool: seconds (a number) or None");
   double s;
   try {
     s = timeout.cast<double>();
@@ -574,23 +576,23 @@ struct PyCache {
   }
 
   // The benchmark's C side, in this process: `iters` load tasks of the keys
-  // into one buffer, entries built per task as a C caller would, each
+  // into dsts (one buffer or a list of one per key), entries built per task as a C caller would, each
   // submitted and waited for. Returns seconds.
   double bench_c_loads(py::handle keys_obj, py::handle buf, int iters) {
     c->check_open("bench");
     std::vector<ucm_key_t> keys = parse_keys(keys_obj);
+    if (iters < 0) raise_invalid("iters " + std::to_string(iters) + " < 0");
+    // One entry per key, each into its own buffer (a list) or its own part
+    // of one buffer, as cache.load(keys, dsts) makes them.
     std::vector<ucm_load_entry_t> probe;
     std::vector<Holder> hs = entries<ucm_load_entry_t>(buf, true, "dsts", &probe, keys);
-    const uint64_t sb = c->shard_bytes();
-    uint8_t* base = static_cast<uint8_t*>(probe[0].dst);
     ucm_result_t r = UCM_OK;
     double s;
     {
       py::gil_scoped_release nogil;
       const auto t0 = std::chrono::steady_clock::now();
       for (int it = 0; it < iters && r == UCM_OK; ++it) {
-        std::vector<ucm_load_entry_t> es(keys.size());
-        for (size_t i = 0; i < keys.size(); ++i) es[i].key = keys[i], es[i].dst = base + i * sb;
+        std::vector<ucm_load_entry_t> es(probe);  // a fresh vector per task, as a caller's loop has
         ucm_task_t t;
         r = ucm_load_task(c->handle(), es.data(), es.size(), &t);
         if (r == UCM_OK) r = ucm_task_wait(c->handle(), t, -1);

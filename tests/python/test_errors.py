@@ -172,7 +172,26 @@ def test_bad_timeouts(comm, cache):
         t.wait(-1)
     with pytest.raises(ucmcache.InvalidArgumentError, match="timeout is a str"):
         t.wait("soon")
+    for b in (True, False):  # a bool is no number of seconds (True was 1 s)
+        with pytest.raises(ucmcache.InvalidArgumentError, match="timeout is a bool"):
+            t.wait(b)
     t.wait(30)
+
+
+def test_bench_loads_go_to_each_keys_own_buffer(comm, cache):
+    # bench/python_overhead.py's C loop: a list of separate buffers is one
+    # buffer per key (it wrote every key after the first past buffer 0's end),
+    # and no keys is the library's empty-task error (it read probe[0]).
+    k = keys_of(170 + comm.Get_rank(), 3)
+    cache.dump(k, [pattern(x) for x in k]).wait()
+    dsts = [np.zeros(SHARD, np.uint8) for _ in k]
+    assert cache._native._bench_c_loads(k, dsts, 2) >= 0
+    for x, d in zip(k, dsts):
+        assert np.array_equal(d, pattern(x))
+    with pytest.raises(ucmcache.InvalidArgumentError, match="n is 0"):
+        cache._native._bench_c_loads([], np.zeros(SHARD, np.uint8), 1)
+    with pytest.raises(ucmcache.InvalidArgumentError, match="iters -1"):
+        cache._native._bench_c_loads(k, dsts, -1)
 
 
 def test_not_a_communicator(comm):
