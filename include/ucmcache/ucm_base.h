@@ -355,7 +355,8 @@ typedef struct ucm_stats {
  * the ranks still meet, but the cache's memory and threads are left in place
  * rather than freed under those calls, until the process exits: the result is
  * UCM_ERR_TIMEOUT, naming how many. The store's I/O threads get what is left
- * of the same timeout_ms (never a second one): any still in the kernel at the
+ * of the same timeout_ms (never a second one), as do the threads of its
+ * synchronous calls (ucm_lookup's, ucm_touch's): any still in the kernel at the
  * deadline (a hard-mounted NFS that stopped answering) are detached, never
  * joined, and the result is UCM_ERR_TIMEOUT naming how many, also when a peer
  * did not come (the result names both); the store object they return into
@@ -414,17 +415,28 @@ UCM_API ucm_result_t ucm_task_wait(ucm_cache_t cache, ucm_task_t task, int64_t t
  * Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* done);
 
-/* Marks every resident shard of each block as recently used, then forwards the
- * same batch to the backend's touch (which keeps its copy warm). n == 0 does
+/* Marks every resident shard of each block as recently used, then hands the
+ * same batch to the backend's touch (which keeps its copy warm) on a thread of
+ * the cache's, and returns without waiting for the store: touch is a hint, and
+ * a slow or stuck store never holds the caller. Batches reach the store in
+ * call order; while it is held, at most 2^20 blocks wait, and a batch past
+ * that is dropped (one warning). n == 0 does
  * nothing; n > max_task_entries is UCM_ERR_TOO_LARGE;
  * NULL blocks with n > 0: UCM_ERR_NULL_POINTER. Threads: any, concurrently. */
 UCM_API ucm_result_t ucm_touch(ucm_cache_t cache, const ucm_block_t* blocks, size_t n);
 
-/* Per key: where it is. The cache is asked first, the backend about the rest.
- * Works on a scheduler rank. Every entry of where[] is filled: a key the
- * backend cannot answer for gets UCM_WHERE_ERROR and the others their answer;
- * the call then returns UCM_ERR_BACKEND, and ucm_last_error says how many
- * keys are unknown and names the first (its index, key and file). A stored
+/* Per key: where it is. The cache is asked first, the backend about the rest
+ * (on a thread of the cache's, so the wait for the store is bounded by
+ * timeout_ms). Works on a scheduler rank. Every entry of where[] is filled: a
+ * key the backend cannot answer for gets UCM_WHERE_ERROR and the others their
+ * answer; the call then returns UCM_ERR_BACKEND, and ucm_last_error says how
+ * many keys are unknown and names the first (its index, key and file). A store
+ * that has not answered by timeout_ms (stuck in the kernel): UCM_ERR_TIMEOUT,
+ * with the keys it answered by then filled and UCM_WHERE_ERROR for the rest,
+ * naming the first of those; its call goes on, on that thread, and a later
+ * lookup gets another (at most 4 per rank are in the store at once; past that
+ * a lookup waits for one, within its timeout_ms). UCM_ERR_FINALIZED when
+ * ucm_cache_finalize begins during the wait. A stored
  * copy that fails its checks (corrupt, another key's, an older format) is not
  * a usable copy: UCM_WHERE_NONE. n > max_task_entries is UCM_ERR_TOO_LARGE; a
  * key whose reserved field is not 0 UCM_ERR_INVALID_ARG;

@@ -25,11 +25,19 @@ namespace {
 
 // Stores whose I/O threads were left in the kernel at finalize: those threads
 // return into them, so they live as long as the process.
-void keep_for_stuck_threads(std::unique_ptr<Backend> b) {
+// What a thread left in the store returns into: the store object, the
+// store-call threads' object and the store's node-shared state.
+struct KeptForStuckThreads {
+  std::unique_ptr<StoreCalls> calls;
+  std::unique_ptr<Backend> store;
+  NodeState state;
+};
+
+void keep_for_stuck_threads(KeptForStuckThreads k) {
   static std::mutex mu;
-  static auto* kept = new std::vector<std::unique_ptr<Backend>>();
+  static auto* kept = new std::vector<KeptForStuckThreads>();
   std::lock_guard<std::mutex> g(mu);
-  kept->push_back(std::move(b));
+  kept->push_back(std::move(k));
 }
 
 // "node 0 of 2 on host: 4 local rank(s) (ranks 0,1,2,3 of 8), split by ...":
@@ -195,8 +203,9 @@ Result Cache::open_rank() {
     o.liveness_slice_ms = config_.liveness_ms;
     o.lock_timeout_ms = config_.timeout_ms;
     buffer_ = std::make_unique<CacheBuffer>(&ctrl_, data_.valid() ? &data_ : nullptr, o);
-    buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<Backend*>(ctx)->touch(b, n); },
-                            backend_.get());
+    store_calls_ = std::make_unique<StoreCalls>(backend_.get(), static_cast<uint32_t>(node_.local_rank));
+    buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<StoreCalls*>(ctx)->touch(b, n); },
+                            store_calls_.get());
   }
   if (ok(r) && !scheduler()) {
     QueueOptions q;
@@ -322,15 +331,20 @@ void Cache::release_local(uint64_t deadline_ns) {
   // detached; they may return into the store object (kept: never freed) and
   // still write into a slot from the kernel, so the data plane is fenced off
   // below before this rank's pins go.
-  if (backend_) {
-    io_left_ = backend_->shutdown(deadline_ns);
-    if (io_left_ > 0) {
-      g_io_threads_left.fetch_add(io_left_, std::memory_order_relaxed);
-      // Kept, not freed: its stuck threads return into it. Reachable from a
-      // list that lives as long as the process (so not a leak to a checker).
-      keep_for_stuck_threads(std::move(backend_));
-    }
+  // The store-call threads first, by the same deadline: one still in the
+  // store past it is detached, as a stuck I/O thread is.
+  // (A second release, from the destructor, finds neither and adds nothing.)
+  const uint32_t calls_left = store_calls_ ? store_calls_->shutdown(deadline_ns) : 0;
+  const uint32_t io_left = backend_ ? backend_->shutdown(deadline_ns) : 0;
+  if (store_calls_) calls_left_ = calls_left;
+  if (backend_) io_left_ = io_left;
+  if (io_left + calls_left > 0) {
+    g_io_threads_left.fetch_add(io_left + calls_left, std::memory_order_relaxed);
+    // Kept, not freed: the stuck threads return into them. Reachable from a
+    // list that lives as long as the process (so not a leak to a checker).
+    keep_for_stuck_threads({std::move(store_calls_), std::move(backend_), std::move(store_state_)});
   }
+  store_calls_.reset();
   backend_.reset();
   store_state_ = NodeState();
   queue_.reset();
@@ -371,6 +385,8 @@ void Cache::stop_tasks() noexcept {
     if (fanout_) fanout_->stop();
     if (queue_ && joined_) ctrl_.set_copier(static_cast<uint32_t>(node_.local_rank), false);
     if (queue_) queue_->stop();
+    // Calls waiting for the store (ucm_lookup) return now, not at their deadline.
+    if (store_calls_) store_calls_->stop();
   } catch (...) {
     (void)exception_result("ucm_cache_finalize");
     UCM_WARN("stopping the queue at finalize failed: %s", last_error().c_str());
@@ -398,19 +414,29 @@ Result Cache::depart(uint64_t deadline_ns) {
   return r;
 }
 
+// What finalize leaves in the process: threads still in the store at its
+// deadline ("" when none).
+std::string Cache::left_behind() const {
+  const std::string when = " at finalize's deadline (timeout_ms " + std::to_string(config_.timeout_ms) +
+                           " after it began): they are detached, never joined";
+  std::string left;
+  if (io_left_ > 0)
+    left = std::to_string(io_left_) + " of the store's I/O thread(s) were still in the kernel" + when +
+           ", and the data plane is fenced off (PROT_NONE) so that a late write cannot land in the cache";
+  if (calls_left_ > 0)
+    left += (left.empty() ? "" : "; and ") + std::to_string(calls_left_) +
+            " thread(s) of the store's synchronous calls (exists for ucm_lookup, touch for ucm_touch) were still in "
+            "the store" + when + ", and the store is kept for them";
+  return left;
+}
+
 Result Cache::finalize(uint64_t deadline_ns) {
   // One deadline for every step: a peer that never comes and then a store
   // stuck in the kernel share timeout_ms, they do not take it twice.
   const Result r = depart(deadline_ns);
   const std::string why = r == Result::kOk ? std::string() : last_error();
   release_local(deadline_ns);
-  std::string left;  // what this rank leaves behind, whatever else went wrong
-  if (io_left_ > 0)
-    left = std::to_string(io_left_) +
-           " of the store's I/O thread(s) were still in the kernel at finalize's deadline (timeout_ms " +
-           std::to_string(config_.timeout_ms) +
-           " after it began): they are detached, never joined, and the data plane is fenced off (PROT_NONE) so "
-           "that a late write cannot land in the cache";
+  const std::string left = left_behind();  // whatever else went wrong
   if (r != Result::kOk)
     return fail(r, "%s (this rank released everything it held)%s%s", why.c_str(), left.empty() ? "" : "; also: ",
                 left.c_str());

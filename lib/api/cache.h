@@ -29,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "backend/node_state.h"
+#include "backend/store_calls.h"
 #include "boot/node.h"
 #include "cache/cache_buffer.h"
 #include "ctrl/buffer_ctrl.h"
@@ -67,12 +68,15 @@ class Cache {
   void stop_tasks() noexcept;
   [[nodiscard]] Result finalize(uint64_t deadline_ns);
   [[nodiscard]] Result depart(uint64_t deadline_ns);
+  std::string left_behind() const;
   void info(ucm_cache_info_t* out) const;
 
   const ucm_config_t& config() const { return config_; }
   const NodeContext& node() const { return node_; }
   CacheBuffer* buffer() const { return buffer_.get(); }
   Backend* backend() const { return backend_.get(); }
+  // The store's exists() and touch(), on threads of their own (store_calls.h).
+  StoreCalls* store_calls() const { return store_calls_.get(); }
   CopyEngine* engine() const { return engine_.get(); }
   LoadQueue* queue() const { return queue_.get(); }
   const Placement& placement() const { return placement_; }
@@ -122,7 +126,8 @@ class Cache {
   // Tears down what this rank holds; the store's I/O threads get until
   // deadline_ns (finalize's one deadline: what is left of timeout_ms).
   void release_local(uint64_t deadline_ns);
-  uint32_t io_left_ = 0;  // this cache's store threads left in the kernel at finalize
+  uint32_t io_left_ = 0;     // this cache's store threads left in the kernel at finalize
+  uint32_t calls_left_ = 0;  // its store-call threads (store_calls.h) left in the store then
 
   ucm_config_t config_{};
   NodeContext node_;
@@ -139,6 +144,7 @@ class Cache {
   std::unique_ptr<CopyEngine> engine_;
   NodeState store_state_;  // the store's node-shared state; outlives backend_
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StoreCalls> store_calls_;  // over backend_; destroyed before it
   std::unique_ptr<CacheBuffer> buffer_;
   Placement placement_;
   DeviceStatus device_status_;

@@ -2,13 +2,16 @@
 // with a message naming it; nothing is submitted unless every entry is good.
 #include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "api/config.h"
 #include "api/handles.h"
+#include "backend/store_calls.h"
 #include "common/log.h"
 #include "common/repeat_table.h"
+#include "common/time.h"
 #include "common/trace.h"
 
 namespace {
@@ -80,7 +83,47 @@ ucm::Result check_count(const ucm::Cache& c, size_t n) {
   return ucm::Result::kOk;
 }
 
-// ucm_lookup's work, on a cache the call holds a reference on.
+// "key I (block HEX shard S)", as lookup's messages name a key.
+std::string key_named(const ucm_key_t* keys, size_t i) {
+  const ucm::Key k = to_key(keys[i]);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "key %zu (block %016" PRIx64 "%016" PRIx64 " shard %u)", i, k.block.hi, k.block.lo,
+                k.shard);
+  return buf;
+}
+
+// Fills where[] for the keys the store was asked about (at[j] is the index of
+// the j-th) from its answers, and says what went wrong: `asked` is ask()'s
+// result (kOk or kTimeout).
+ucm::Result store_answers(const ucm::Cache& c, const ucm_key_t* keys, size_t n, const std::vector<size_t>& at,
+                          const ucm::StoreAnswers& a, ucm::Result asked, uint8_t* where) {
+  using ucm::StoreAnswer;
+  size_t unasked = 0, errors = 0, first_unasked = 0;
+  for (size_t j = 0; j < at.size(); ++j) {
+    const StoreAnswer s = a.per_key[j];
+    where[at[j]] = s == StoreAnswer::kHeld ? UCM_WHERE_BACKEND : s == StoreAnswer::kNotHeld ? UCM_WHERE_NONE
+                                                                                            : UCM_WHERE_ERROR;
+    if (s == StoreAnswer::kUnasked && unasked++ == 0) first_unasked = at[j];
+    if (s == StoreAnswer::kError) ++errors;
+  }
+  if (asked == ucm::Result::kTimeout) {
+    const std::string also = errors == 0 ? "" : "; " + std::to_string(errors) + " more could not be answered";
+    return ucm::fail(ucm::Result::kTimeout,
+                     "lookup: the store did not answer for %zu of %zu keys within timeout_ms %u (UCM_WHERE_ERROR); "
+                     "the first is %s, in the store's exists() or waiting for it (that call goes on, on a store "
+                     "thread)%s",
+                     unasked, n, c.config().timeout_ms, key_named(keys, first_unasked).c_str(), also.c_str());
+  }
+  if (errors == 0) return ucm::Result::kOk;
+  return ucm::fail(ucm::Result::kBackend,
+                   "lookup: %zu of %zu keys could not be answered (UCM_WHERE_ERROR); the first is %s: %s", errors, n,
+                   key_named(keys, at[a.first_error]).c_str(), a.first_error_text.c_str());
+}
+
+// ucm_lookup's work, on a cache the call holds a reference on: the cache
+// first, on this thread; the store about the rest, on a store-call thread
+// (store_calls.h), so that a store stuck in the kernel holds this call no
+// longer than timeout_ms.
 ucm::Result lookup(ucm::Cache& c, const ucm_key_t* keys, size_t n, uint8_t* where) {
   if (n == 0) return ucm::Result::kOk;
   if (!keys) return ucm::fail(ucm::Result::kNullPointer, "keys is NULL (n = %zu)", n);
@@ -93,36 +136,27 @@ ucm::Result lookup(ucm::Cache& c, const ucm_key_t* keys, size_t n, uint8_t* wher
     if (keys[i].reserved != 0)
       return ucm::fail(ucm::Result::kInvalidArg, "key %zu: key.reserved %u != 0", i, keys[i].reserved);
   }
-  // Per key: one key the store cannot answer for (an unreadable file, a
-  // directory under its name) must not hide the answers for the others.
-  size_t unknown = 0, first_unknown = 0;
-  std::string first_error;
+  std::vector<size_t> at;
+  std::vector<ucm::Key> ask;
   for (size_t i = 0; i < n; ++i) {
     const ucm::Key k = to_key(keys[i]);
     bool cached = false;
     // A corrupt control region is the whole call's answer, not one key's.
     UCM_CHECK(c.buffer()->exists(k, &cached));
-    if (cached) {
-      where[i] = UCM_WHERE_CACHE;
-      continue;
-    }
-    bool in_store = false;
-    if (c.backend()->exists(k, &in_store) != ucm::Result::kOk) {
-      where[i] = UCM_WHERE_ERROR;
-      if (unknown++ == 0) {
-        first_unknown = i;
-        first_error = ucm::last_error();
-      }
-      continue;
-    }
-    where[i] = in_store ? UCM_WHERE_BACKEND : UCM_WHERE_NONE;
+    where[i] = UCM_WHERE_CACHE;
+    if (cached) continue;
+    where[i] = UCM_WHERE_ERROR;  // until the store answers
+    at.push_back(i);
+    ask.push_back(k);
   }
-  if (unknown == 0) return ucm::Result::kOk;
-  const ucm::Key k = to_key(keys[first_unknown]);
-  return ucm::fail(ucm::Result::kBackend,
-                   "lookup: %zu of %zu keys could not be answered (UCM_WHERE_ERROR); the first is key %zu (block "
-                   "%016" PRIx64 "%016" PRIx64 " shard %u): %s",
-                   unknown, n, first_unknown, k.block.hi, k.block.lo, k.shard, first_error.c_str());
+  if (ask.empty()) return ucm::Result::kOk;
+  // Per key: one key the store cannot answer for (an unreadable file, a
+  // directory under its name) must not hide the answers for the others.
+  ucm::StoreAnswers a;
+  const ucm::Result r =
+      c.store_calls()->ask(ask.data(), ask.size(), ucm::deadline_after_ms(c.config().timeout_ms), &a);
+  if (r != ucm::Result::kOk && r != ucm::Result::kTimeout) return r;
+  return store_answers(c, keys, n, at, a, r, where);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 // store calls req->done(req) exactly once, from one of its own threads (or
 // inline, for an immediate error), with req->result set. The request memory
 // belongs to the caller until done() runs; the buffer must stay valid as long.
-// touch() and exists() are synchronous and cheap.
+// touch() and exists() are synchronous; they may block in the kernel (a
+// stuck file system), so the cache makes them on threads of its own, never
+// on an app's thread (store_calls.h).
 //
 // Results of a load: kOk (the bytes are the key's, verified), kNotFound (the
 // store never completely wrote this key), kCorrupt (the store holds something

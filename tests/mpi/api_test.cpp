@@ -5,7 +5,12 @@
 // errors that still go through the collective init, and one code per mistake.
 #include <fcntl.h>
 #include <ftw.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -199,39 +204,82 @@ TEST_F(Api, FinalizeRacingTasksCopiedOnTheCallingThreadsIsSafe) {
   EXPECT_EQ(wrong.load(), 0u) << "every task that said OK had its bytes";
 }
 
-// A call held in the kernel past finalize's bound: ucm_lookup opening a FIFO
-// that stands where the posix store keeps a block (open waits for a writer).
-// Finalize still meets the peers, returns UCM_ERR_TIMEOUT naming the call, and
-// leaves the cache allocated under it; the call returns once the FIFO opens.
+// A destination whose first touch sleeps in the kernel: one anonymous page
+// registered with a userfaultfd that nobody serves (missing-page mode), as an
+// app buffer on a swapped-out or remote page might. Closing the fd lets the
+// touch go (the page is then allocated as usual).
+struct HeldPage {
+  int fd = -1;
+  void* page = MAP_FAILED;
+  std::string why_not;
+  explicit HeldPage(size_t bytes) : bytes_(bytes) {
+    page = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    uffdio_api api{};
+    api.api = UFFD_API;
+    uffdio_register r{};
+    r.range.start = reinterpret_cast<uintptr_t>(page);
+    r.range.len = bytes;
+    r.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (page == MAP_FAILED || fd < 0 || ioctl(fd, UFFDIO_API, &api) != 0 || ioctl(fd, UFFDIO_REGISTER, &r) != 0)
+      why_not = std::string("userfaultfd over an anonymous page: ") + std::strerror(errno);
+  }
+  bool armed() const { return why_not.empty(); }
+  // True once a thread sleeps in a fault on the page (its message is queued).
+  bool faulted() const {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+  }
+  void release() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  ~HeldPage() {
+    release();
+    if (page != MAP_FAILED) munmap(page, bytes_);
+  }
+  size_t bytes_;
+};
+
+// A call held in the kernel past finalize's bound: a load of a cached shard,
+// copied on the calling thread, into a destination whose page fault never
+// ends. Finalize still meets the peers, returns UCM_ERR_TIMEOUT naming the
+// call, and leaves the cache allocated under it; the call returns once the
+// fault does.
 TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
-  // The sim store holds exists() of a hung key until its faults are cleared
-  // (hang_sync): a store stuck in a synchronous call.
-  ucm_config_t cfg = task_config(64, "sim:latency_us=0,hang_keys=9.0,hang_sync=1");
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
   cfg.timeout_ms = 1000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   const ucm_cache_t h = cache;
   const ucm_key_t key = ukey(9, 0);
-  SimBackend* sim = sim_of(h);
-  ASSERT_NE(sim, nullptr);
+  LoadBatch warm;
+  warm.add(key);
+  ASSERT_EQ(load_and_wait(cache, warm), UCM_OK) << msg(cache);  // cached: the next load is copied inline
+  HeldPage held(cfg.shard_bytes);
+  int armed = held.armed() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &armed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!armed) {
+    EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+    GTEST_SKIP() << "no userfaultfd to hold a copy in the kernel: " << held.why_not;
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 
   std::atomic<bool> returned{false};
-  std::atomic<int> looked{UCM_OK};
+  std::atomic<int> loaded{UCM_OK};
   std::thread stuck([&] {
-    uint8_t where = 0;
-    looked.store(ucm_lookup(h, &key, 1, &where));
+    ucm_load_entry_t e{key, held.page};
+    ucm_task_t t = 0;
+    loaded.store(ucm_load_task(h, &e, 1, &t));
     returned.store(true);
   });
-  // Until the call is inside the store.
-  EXPECT_TRUE(
-      eventually("the lookup entering the store", [&] { return sim->sync_calls_held() == 1 || returned.load(); }));
-  EXPECT_FALSE(returned.load()) << "the store's exists() of a hung key returned";
+  EXPECT_TRUE(eventually("the inline copy's fault", [&] { return held.faulted() || returned.load(); }));
+  EXPECT_FALSE(returned.load()) << "the copy into the held page returned";
 
   const uint64_t f0 = now_ns();
   ucm_result_t fin = UCM_OK;
   {
-    HangGuard g("ucm_cache_finalize beside a call stuck in the store");
+    HangGuard g("ucm_cache_finalize beside a call stuck in the kernel");
     fin = ucm_cache_finalize(&cache);
   }
   const uint64_t fin_ms = ms_since(f0);
@@ -239,15 +287,14 @@ TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
   EXPECT_EQ(cache, nullptr);
   // It gave the stuck call its whole timeout_ms, not less.
   EXPECT_GE(fin_ms, cfg.timeout_ms) << fin_msg;
-  // The store answers now: the call returns, on the cache it started on.
-  sim->clear_faults();
+  held.release();  // the fault ends: the call returns, on the cache it started on
   stuck.join();
   EXPECT_EQ(ucm_touch(h, &key.block, 1), UCM_ERR_FINALIZED);
   MPI_Barrier(MPI_COMM_WORLD);
   EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
   EXPECT_TRUE(contains(fin_msg, "1 call(s) on other threads were still running 1000 ms")) << fin_msg;
   EXPECT_TRUE(contains(fin_msg, "not freed under them")) << fin_msg;
-  EXPECT_NE(looked.load(), UCM_ERR_FINALIZED);
+  EXPECT_EQ(loaded.load(), UCM_OK) << "the copy began before finalize: it completes";
 }
 
 // timeout_ms bounds init's waits for peers too; at its smallest (1 ms),

@@ -401,5 +401,102 @@ TEST_F(Hang, FinalizeWithAnAbsentPeerAndAStuckStoreSaysBothWithinOneTimeout) {
   }
 }
 
+// A store stuck in a synchronous call (the sim store's hang_sync: exists()
+// and touch() of a hung key block): ucm_lookup returns UCM_ERR_TIMEOUT at
+// timeout_ms with every key it could answer answered and the rest
+// UCM_WHERE_ERROR, naming the first unanswered key; ucm_touch marks the
+// cache and returns without waiting for the store's touch; and the cache
+// keeps answering other keys while the stuck call is still in the store.
+TEST_F(Hang, ALookupAndATouchThatTheStoreHoldsReturnWithoutIt) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0,hang_keys=9.0,hang_sync=1");
+  cfg.timeout_ms = 500;
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t cache = cache_;
+  SimBackend* sim = sim_of(cache);
+  ASSERT_NE(sim, nullptr);
+  const ucm_key_t keys[3] = {ukey(8, 0), ukey(9, 0), ukey(10, 0)};
+  uint8_t where[3] = {0xee, 0xee, 0xee};
+  const uint64_t t0 = now_ns();
+  ucm_result_t r = UCM_OK;
+  {
+    HangGuard g("ucm_lookup of a key the store holds in exists()");
+    r = ucm_lookup(cache, keys, 3, where);
+  }
+  const uint64_t took_ms = ms_since(t0);
+  const std::string why = msg(cache);
+  EXPECT_EQ(r, UCM_ERR_TIMEOUT) << why;
+  EXPECT_GE(took_ms, cfg.timeout_ms) << "gave up on the store before timeout_ms: " << why;
+  EXPECT_EQ(where[0], UCM_WHERE_BACKEND) << "the key answered before the stuck one";
+  EXPECT_EQ(where[1], UCM_WHERE_ERROR);
+  EXPECT_EQ(where[2], UCM_WHERE_ERROR) << "a key the store never got to";
+  EXPECT_TRUE(why.find("2 of 3 keys") != std::string::npos) << why;
+  const std::string first = "key 1 (block " + key_hex(keys[1]).substr(0, 32) + " shard 0)";
+  EXPECT_TRUE(why.find(first) != std::string::npos) << "wants " << first << ": " << why;
+  EXPECT_TRUE(why.find("timeout_ms 500") != std::string::npos) << why;
+  // The stuck call holds one store thread; another answers.
+  uint8_t w8 = 0xee;
+  {
+    HangGuard g("ucm_lookup beside a store call still stuck");
+    EXPECT_EQ(ucm_lookup(cache, &keys[0], 1, &w8), UCM_OK) << msg(cache);
+  }
+  EXPECT_EQ(w8, UCM_WHERE_BACKEND);
+  {
+    HangGuard g("ucm_touch of a block the store holds in touch()");
+    EXPECT_EQ(ucm_touch(cache, &keys[1].block, 1), UCM_OK) << msg(cache);
+    EXPECT_EQ(ucm_touch(cache, &keys[2].block, 1), UCM_OK) << msg(cache);
+  }
+  EXPECT_TRUE(sim->touched_blocks().empty()) << "the store's touch of the hung block returned while hung";
+  sim->clear_faults();
+  const std::vector<BlockId> want = {ikey(keys[1]).block, ikey(keys[2]).block};
+  EXPECT_TRUE(eventually("the store's touches once it answers", [&] { return sim->touched_blocks() == want; }));
+  EXPECT_TRUE(eventually("the store's calls to return", [&] { return sim->sync_calls_held() == 0; }));
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// A store call still in the store when finalize's deadline comes (the sim
+// store holds exists() of a hung key until its shutdown, which comes after):
+// the lookup waiting for it returns UCM_ERR_FINALIZED as finalize begins;
+// finalize gives the store-call thread timeout_ms, then detaches it, keeps the
+// store for it and says so (UCM_ERR_TIMEOUT); the thread returns into the
+// kept store without harm.
+TEST_F(Hang, FinalizeDetachesAStoreCallStuckPastItsDeadlineAndKeepsTheStore) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0,hang_keys=9.0,hang_sync=1");
+  cfg.timeout_ms = 1000;
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  const ucm_cache_t h = cache;
+  SimBackend* sim = sim_of(h);
+  ASSERT_NE(sim, nullptr);
+  const ucm_key_t key = ukey(9, 0);
+  std::atomic<bool> returned{false};
+  std::atomic<int> looked{UCM_OK};
+  std::thread asker([&] {
+    uint8_t where = 0;
+    looked.store(ucm_lookup(h, &key, 1, &where));
+    returned.store(true);
+  });
+  EXPECT_TRUE(eventually("the lookup entering the store", [&] { return sim->sync_calls_held() == 1; }));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const uint64_t before = Cache::io_threads_left_behind();
+  const uint64_t f0 = now_ns();
+  ucm_result_t fin = UCM_OK;
+  {
+    HangGuard g("ucm_cache_finalize beside a store call stuck in the store");
+    fin = ucm_cache_finalize(&cache);
+  }
+  const uint64_t fin_ms = ms_since(f0);
+  const std::string fin_msg = msg(nullptr);
+  asker.join();
+  EXPECT_EQ(looked.load(), UCM_ERR_FINALIZED) << "the waiting lookup is woken by finalize";
+  EXPECT_GE(fin_ms, cfg.timeout_ms) << "gave up on the store-call thread before its timeout_ms: " << fin_msg;
+  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
+  EXPECT_TRUE(fin_msg.find("1 thread(s) of the store's synchronous calls") != std::string::npos) << fin_msg;
+  EXPECT_EQ(Cache::io_threads_left_behind(), before + 1) << fin_msg;
+  // The kept store lets its call go; the detached thread returns into it.
+  sim->clear_faults();
+  EXPECT_TRUE(eventually("the detached call's return", [&] { return sim->sync_calls_held() == 0; }));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 }  // namespace ucm::test
