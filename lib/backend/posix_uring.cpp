@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,10 +81,23 @@ void PosixRing::register_buffers() {
              store_->opts_.dir.c_str(), v.size(), bytes);
     return;
   }
+  const size_t chunks = v.size();
+  fixed_.clear();
+  // Without CAP_IPC_LOCK the kernel counts the pages against RLIMIT_MEMLOCK
+  // (summed over the user's processes: every rank registers the plane), which
+  // for a user is far below any real data plane (Debian's default is 8 MiB):
+  // the normal case of a job that is not root, said at info, not warned.
+  rlimit lim{};
+  if (e == -ENOMEM && getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    UCM_INFO(kBackend, "posix store at %s: %" PRIu64 " bytes of data plane to register for direct reads do not fit "
+             "RLIMIT_MEMLOCK (ulimit -l) %" PRIu64 " bytes (counted over the user's processes): direct reads pin "
+             "their pages each time instead (raise the limit, or run with CAP_IPC_LOCK, to register them once)",
+             store_->opts_.dir.c_str(), bytes, static_cast<uint64_t>(lim.rlim_cur));
+    return;
+  }
   UCM_WARN("posix store at %s: io_uring_register_buffers (%zu chunk(s), %" PRIu64 " bytes): %s; "
            "direct reads pin their pages each time instead",
-           store_->opts_.dir.c_str(), v.size(), bytes, strerror(-e));
-  fixed_.clear();
+           store_->opts_.dir.c_str(), chunks, bytes, strerror(-e));
 }
 
 PosixRing::~PosixRing() {
