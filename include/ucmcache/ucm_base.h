@@ -165,6 +165,10 @@ typedef struct ucm_config {
 
 /* ---- the node-shared cache -------------------------------------------------- */
 
+/* A cache belongs to the process that called ucm_cache_init. A child forked
+ * from it (a data-loader worker) inherits the handle but none of the cache's
+ * threads: every call it makes with the handle, ucm_cache_finalize included,
+ * is UCM_ERR_BAD_STATE naming the fork, and changes nothing of the parent's. */
 typedef struct ucm_cache_s* ucm_cache_t;
 
 /* Defaults, then UCM_* variables. A variable with a bad value is an error that
@@ -264,7 +268,7 @@ typedef struct ucm_cache_info {
  *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0
  *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
  *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
- *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank
+ *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank, or in a forked child
  *   UCM_ERR_BUSY          too many tasks already wait for this rank
  *   UCM_ERR_BAD_HANDLE / UCM_ERR_FINALIZED   for the cache handle
  * A bad call changes nothing: the cache stays usable.

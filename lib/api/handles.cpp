@@ -1,5 +1,8 @@
 #include "api/handles.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <unordered_set>
 
@@ -13,6 +16,18 @@ std::unordered_set<ucm_cache_s*>& live() {
   static auto* s = new std::unordered_set<ucm_cache_s*>();
   return *s;
 }
+// How many forks this process is from the one it started as. A forked child
+// inherits every handle and the cache's memory, but none of its threads: a
+// task would wait for a dispatcher that is not there, and a finalize would
+// depart the node for the parent. g_mu is held across fork (prepare, then
+// unlocked on both sides), so the child's table is consistent.
+std::atomic<uint32_t> g_fork_epoch{0};
+const int g_fork_hooks = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
+                                        [] {
+                                          g_fork_epoch.fetch_add(1, std::memory_order_relaxed);
+                                          g_mu.unlock();
+                                        });
+
 std::unordered_set<ucm_cache_s*>& tombstones() {
   static auto* s = new std::unordered_set<ucm_cache_s*>();
   return *s;
@@ -20,7 +35,13 @@ std::unordered_set<ucm_cache_s*>& tombstones() {
 
 // Under g_mu: kOk for a shell in the table (live or closing), else the error.
 Result lookup_locked(ucm_cache_t h) {
-  if (live().count(h)) return Result::kOk;
+  if (live().count(h)) {
+    if (h->fork_epoch == g_fork_epoch.load(std::memory_order_relaxed)) return Result::kOk;
+    return fail(Result::kBadState,
+                "cache handle %p belongs to process %d, and this is a forked child of it (pid %d): a cache does not "
+                "cross fork() (its threads stay in the parent); the child must neither use it nor finalize it",
+                static_cast<void*>(h), h->creator_pid, static_cast<int>(getpid()));
+  }
   if (tombstones().count(h)) return fail(Result::kFinalized, "cache handle %p was finalized", static_cast<void*>(h));
   return fail(Result::kBadHandle, "%p is not a cache handle", static_cast<void*>(h));
 }
@@ -30,7 +51,9 @@ Result lookup_locked(ucm_cache_t h) {
 ucm_cache_s* register_handle(std::unique_ptr<Cache> impl) {
   auto* h = new ucm_cache_s;
   h->impl = std::move(impl);
+  h->creator_pid = static_cast<int>(getpid());
   std::lock_guard<std::mutex> g(g_mu);
+  h->fork_epoch = g_fork_epoch.load(std::memory_order_relaxed);
   live().insert(h);
   return h;
 }

@@ -42,6 +42,8 @@ struct ucm_cache_s {
   std::atomic<uint32_t> calls{0};    // C API calls running on impl
   std::atomic<bool> finalizing{false};  // set once, when finalize begins; never cleared
   std::atomic<bool> closing{false};     // set once, by finalize after closing the cache; never cleared
+  uint32_t fork_epoch = 0;           // the process's fork epoch when it was made (handles.cpp)
+  int creator_pid = 0;               // the process that made it
   std::mutex mu;                     // with cv: finalize waits for calls == 0
   std::condition_variable cv;
 };

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -339,6 +340,55 @@ TEST_F(Api, InitWithTheSmallestTimeoutEndsTheSameOnEveryRank) {
   ucm_config_t sane = task_config(64, "sim:latency_us=0");
   ASSERT_NO_FATAL_FAILURE(init(sane));
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// A forked child inherits the cache's handle and memory but none of its
+// threads (a Python DataLoader worker forked from a rank, say). Every call it
+// makes on the handle is UCM_ERR_BAD_STATE naming the fork, at once: a task
+// would wait for a dispatcher that is not there, and a finalize would depart
+// for the parent. The parent's cache goes on as if nothing happened.
+TEST_F(Api, AForkedChildIsRefusedOnTheParentsCacheAndLeavesItAlone) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  LoadBatch warm;
+  warm.add(ukey(40, 0));
+  ASSERT_EQ(load_and_wait(cache, warm), UCM_OK) << msg(cache);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    // Nothing here may block: alarm() ends a child that hangs.
+    alarm(static_cast<unsigned>(hang_seconds()));
+    int bad = 0;
+    auto refused = [&](ucm_result_t r) {
+      if (r != UCM_ERR_BAD_STATE || !contains(ucm_last_error(cache), "forked child")) {
+        std::fprintf(stderr, "child: result %d: %s\n", r, ucm_last_error(cache));
+        ++bad;
+      }
+    };
+    LoadBatch b;
+    b.add(ukey(40, 0));  // cached: the inline path would copy it on this thread
+    b.add(ukey(41, 0));
+    ucm_task_t t = 0;
+    refused(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t));
+    refused(ucm_task_wait(cache, 1, 1000));
+    uint8_t where = 0;
+    refused(ucm_lookup(cache, &b.entries[0].key, 1, &where));
+    refused(ucm_touch(cache, &b.entries[0].key.block, 1));
+    ucm_cache_t copy = cache;
+    refused(ucm_cache_finalize(&copy));
+    _exit(bad == 0 && copy == cache ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  LoadBatch again;
+  again.add(ukey(40, 0));
+  again.add(ukey(42, 0));
+  EXPECT_EQ(load_and_wait(cache, again), UCM_OK) << msg(cache);
+  EXPECT_EQ(again.verify(0), kTaskShard);
+  EXPECT_EQ(again.verify(1), kTaskShard);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);  // every peer is still there: none was departed for
 }
 
 TEST_F(Api, AWaitWithATimeoutTooLargeForTheClockHasNoBound) {

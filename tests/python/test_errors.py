@@ -1,5 +1,9 @@
 """Every bad input raises its exception class, names the bad value, and
 leaves the cache usable (never a crash)."""
+import asyncio
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -192,6 +196,38 @@ def test_bench_loads_go_to_each_keys_own_buffer(comm, cache):
         cache._native._bench_c_loads([], np.zeros(SHARD, np.uint8), 1)
     with pytest.raises(ucmcache.InvalidArgumentError, match="iters -1"):
         cache._native._bench_c_loads(k, dsts, -1)
+
+
+def test_a_forked_child_is_refused_and_leaves_the_cache_alone(comm, cache):
+    # A DataLoader-style worker forked from a rank inherits the cache object
+    # but none of the library's threads: every call, close and the exit-time
+    # close included, is a StateError at once (a load waited for a dispatcher
+    # that is not there, and close hung), and the parent's cache goes on.
+    k = keys_of(180 + comm.Get_rank(), 2)
+    cache.dump(k, [pattern(x) for x in k]).wait()
+
+    async def awaited():  # starts the cache's waiter thread, which the child lacks
+        await cache.load(k, np.zeros((2, SHARD), np.uint8))
+
+    asyncio.run(awaited())
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)  # a child that hangs ends, and fails the test below
+        ok = True
+        for call in (lambda: cache.load(k, np.zeros((2, SHARD), np.uint8)), cache.close, ucmcache._close_at_exit):
+            try:
+                call()
+                ok = ok and call is ucmcache._close_at_exit  # it swallows the error, as at exit
+            except ucmcache.StateError as e:
+                ok = ok and "forked child" in str(e)
+            except BaseException:
+                ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    out = np.zeros((2, SHARD), np.uint8)
+    cache.load(k, out).wait()
+    assert all(np.array_equal(out[i], pattern(x)) for i, x in enumerate(k))
 
 
 def test_not_a_communicator(comm):
