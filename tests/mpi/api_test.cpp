@@ -277,24 +277,17 @@ TEST_F(Api, ACallStuckPastFinalizesBoundKeepsTheCacheAllocatedUnderIt) {
   EXPECT_TRUE(eventually("the inline copy's fault", [&] { return held.faulted() || returned.load(); }));
   EXPECT_FALSE(returned.load()) << "the copy into the held page returned";
 
-  const uint64_t f0 = now_ns();
-  ucm_result_t fin = UCM_OK;
-  {
-    HangGuard g("ucm_cache_finalize beside a call stuck in the kernel");
-    fin = ucm_cache_finalize(&cache);
-  }
-  const uint64_t fin_ms = ms_since(f0);
-  const std::string fin_msg = msg(nullptr);
+  const Finalized fin = finalize_timed(&cache, "beside a call stuck in the kernel");
   EXPECT_EQ(cache, nullptr);
   // It gave the stuck call its whole timeout_ms, not less.
-  EXPECT_GE(fin_ms, cfg.timeout_ms) << fin_msg;
+  EXPECT_GE(fin.ms, cfg.timeout_ms) << fin.message;
   held.release();  // the fault ends: the call returns, on the cache it started on
   stuck.join();
   EXPECT_EQ(ucm_touch(h, &key.block, 1), UCM_ERR_FINALIZED);
   MPI_Barrier(MPI_COMM_WORLD);
-  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
-  EXPECT_TRUE(contains(fin_msg, "1 call(s) on other threads were still running 1000 ms")) << fin_msg;
-  EXPECT_TRUE(contains(fin_msg, "not freed under them")) << fin_msg;
+  EXPECT_EQ(fin.result, UCM_ERR_TIMEOUT) << fin.message;
+  EXPECT_TRUE(contains(fin.message, "1 call(s) on other threads were still running 1000 ms")) << fin.message;
+  EXPECT_TRUE(contains(fin.message, "not freed under them")) << fin.message;
   EXPECT_EQ(loaded.load(), UCM_OK) << "the copy began before finalize: it completes";
 }
 

@@ -468,30 +468,21 @@ TEST_F(Hang, FinalizeDetachesAStoreCallStuckPastItsDeadlineAndKeepsTheStore) {
   SimBackend* sim = sim_of(h);
   ASSERT_NE(sim, nullptr);
   const ucm_key_t key = ukey(9, 0);
-  std::atomic<bool> returned{false};
   std::atomic<int> looked{UCM_OK};
   std::thread asker([&] {
     uint8_t where = 0;
     looked.store(ucm_lookup(h, &key, 1, &where));
-    returned.store(true);
   });
   EXPECT_TRUE(eventually("the lookup entering the store", [&] { return sim->sync_calls_held() == 1; }));
   MPI_Barrier(MPI_COMM_WORLD);
   const uint64_t before = Cache::io_threads_left_behind();
-  const uint64_t f0 = now_ns();
-  ucm_result_t fin = UCM_OK;
-  {
-    HangGuard g("ucm_cache_finalize beside a store call stuck in the store");
-    fin = ucm_cache_finalize(&cache);
-  }
-  const uint64_t fin_ms = ms_since(f0);
-  const std::string fin_msg = msg(nullptr);
+  const Finalized fin = finalize_timed(&cache, "beside a store call stuck in the store");
   asker.join();
   EXPECT_EQ(looked.load(), UCM_ERR_FINALIZED) << "the waiting lookup is woken by finalize";
-  EXPECT_GE(fin_ms, cfg.timeout_ms) << "gave up on the store-call thread before its timeout_ms: " << fin_msg;
-  EXPECT_EQ(fin, UCM_ERR_TIMEOUT) << fin_msg;
-  EXPECT_TRUE(fin_msg.find("1 thread(s) of the store's synchronous calls") != std::string::npos) << fin_msg;
-  EXPECT_EQ(Cache::io_threads_left_behind(), before + 1) << fin_msg;
+  EXPECT_GE(fin.ms, cfg.timeout_ms) << "gave up on the store-call thread before its timeout_ms: " << fin.message;
+  EXPECT_EQ(fin.result, UCM_ERR_TIMEOUT) << fin.message;
+  EXPECT_TRUE(fin.message.find("1 thread(s) of the store's synchronous calls") != std::string::npos) << fin.message;
+  EXPECT_EQ(Cache::io_threads_left_behind(), before + 1) << fin.message;
   // The kept store lets its call go; the detached thread returns into it.
   sim->clear_faults();
   EXPECT_TRUE(eventually("the detached call's return", [&] { return sim->sync_calls_held() == 0; }));

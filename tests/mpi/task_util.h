@@ -146,6 +146,25 @@ inline ucm_result_t load_guarded(ucm_cache_t cache, LoadBatch& b, const std::str
   return load_and_wait(cache, b, -1);
 }
 
+// ucm_cache_finalize under a hang guard: its result, how long it took, and
+// its message (ucm_last_error(NULL)).
+struct Finalized {
+  ucm_result_t result = UCM_OK;
+  uint64_t ms = 0;
+  std::string message;
+};
+inline Finalized finalize_timed(ucm_cache_t* cache, const std::string& what) {
+  Finalized f;
+  const uint64_t t0 = now_ns();
+  {
+    HangGuard g("ucm_cache_finalize " + what);
+    f.result = ucm_cache_finalize(cache);
+  }
+  f.ms = ms_since(t0);
+  f.message = ucm_last_error(nullptr);
+  return f;
+}
+
 // A task failure at the task's own deadline (ucm_task_wait's own bound says
 // "still running after N ms" instead).
 inline bool at_task_deadline(const std::string& m) {
