@@ -78,6 +78,12 @@ Result StoreCalls::ask(const Key* keys, size_t n, uint64_t deadline_ns, StoreAns
   out->first_error = job->first_error;
   out->first_error_text = job->first_error_text;
   if (job->done) return Result::kOk;
+  // Not begun by any asker (all held in the store): nobody will want it.
+  for (auto it = asks_.begin(); it != asks_.end(); ++it)
+    if (*it == job) {
+      asks_.erase(it);
+      break;
+    }
   if (stopping_) return fail(Result::kFinalized, "the cache is being finalized");
   return fail(Result::kTimeout, "the store answered %zu of %zu keys by the deadline", job->answered, n);
 }
@@ -110,7 +116,7 @@ void StoreCalls::asker_main(Worker* self) {
     lk.unlock();
     answer(*job);
     lk.lock();
-    job->done = true;
+    job->done = job->answered == job->keys.size();  // not when stop() cut it short
     ++idle_askers_;
     done_cv_.notify_all();
   }
@@ -183,6 +189,11 @@ uint32_t StoreCalls::shutdown(uint64_t deadline_ns) {
   }
   shut_down_ = true;
   return left;
+}
+
+size_t StoreCalls::queued_asks() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return asks_.size();
 }
 
 uint64_t StoreCalls::touches_dropped() const {

@@ -67,6 +67,7 @@ class StoreCalls {
   void stop();
   uint32_t shutdown(uint64_t deadline_ns);  // the threads left in the store
   uint64_t touches_dropped() const;
+  size_t queued_asks() const;  // asks no asker has begun
 
  private:
   struct Job;

@@ -63,6 +63,24 @@ TEST(StoreCalls, AnAskHeldByTheStoreEndsAtItsDeadlineWithTheAnswersItHad) {
   EXPECT_EQ(calls.shutdown(kNoDeadline), 0u);
 }
 
+// With every asker held in the store, a further ask waits in the queue until
+// its deadline, and then leaves it: a stuck store does not collect work.
+TEST(StoreCalls, AnAskNoAskerBeganLeavesTheQueueAtItsDeadline) {
+  auto sim = hanging_sim();
+  StoreCalls calls(sim.get(), 0);
+  const Key hung = key_of(kHungLo), other = key_of(8);
+  StoreAnswers a;
+  for (uint32_t i = 0; i < StoreCalls::kMaxAskers; ++i)
+    EXPECT_EQ(res(calls.ask(&hung, 1, in_ms(10), &a)), res(Result::kTimeout));
+  EXPECT_TRUE(eventually("every asker in the store", [&] { return sim->sync_calls_held() == StoreCalls::kMaxAskers; }));
+  EXPECT_EQ(res(calls.ask(&other, 1, in_ms(10), &a)), res(Result::kTimeout));
+  EXPECT_EQ(a.per_key[0], StoreAnswer::kUnasked);
+  EXPECT_EQ(calls.queued_asks(), 0u);
+  sim->clear_faults();
+  EXPECT_EQ(res(calls.ask(&other, 1, in_ms(10000), &a)), res(Result::kOk));
+  EXPECT_EQ(calls.shutdown(kNoDeadline), 0u);
+}
+
 TEST(StoreCalls, StopWakesAWaitingAskWithFinalized) {
   auto sim = hanging_sim();
   StoreCalls calls(sim.get(), 0);
