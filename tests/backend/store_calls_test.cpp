@@ -5,6 +5,7 @@
 // counted, stop() wakes a waiting ask, and shutdown detaches a stuck thread.
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "backend_test_util.h"
 #include "common/hang_guard.h"
 #include "common/log_capture.h"
+#include "common/thread_names.h"
 #include "common/time.h"
 
 namespace ucm::test {
@@ -148,6 +150,21 @@ TEST(StoreCalls, ConcurrentAsksBesideTouchesAreAllAnswered) {
     for (auto& th : ths) th.join();
   }
   EXPECT_EQ(late.load(), 0);
+  EXPECT_EQ(calls.shutdown(kNoDeadline), 0u);
+}
+
+// Named as common/thread_name.h says, with the local rank.
+TEST(StoreCalls, ItsThreadsAreNamed) {
+  auto sim = hanging_sim();
+  StoreCalls calls(sim.get(), 3);
+  const Key k = key_of(8);
+  StoreAnswers a;
+  ASSERT_EQ(res(calls.ask(&k, 1, in_ms(10000), &a)), res(Result::kOk));
+  calls.touch(&k.block, 1);
+  EXPECT_TRUE(eventually("the toucher's touch", [&] { return sim->touched_blocks().size() == 1; }));
+  const std::multiset<std::string> names = thread_names();
+  EXPECT_EQ(names.count("ucm-ask3"), 1u);
+  EXPECT_EQ(names.count("ucm-touch3"), 1u);
   EXPECT_EQ(calls.shutdown(kNoDeadline), 0u);
 }
 
