@@ -509,8 +509,11 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
 void Cache::note_own_memory() {
   own_.clear();
   if (ctrl_.valid()) own_.add(&ctrl_.header(), ctrl_.region_bytes(), "control region");
-  for (size_t s = 0; data_.valid() && s < data_.segment_count(); ++s)
-    own_.add(data_.segment_base(s), data_.segment_map_bytes(s), "data segment " + std::to_string(s));
+  for (size_t s = 0; data_.valid() && s < data_.segment_count(); ++s) {
+    char name[48];
+    std::snprintf(name, sizeof(name), "data segment %zu", s);
+    own_.add(data_.segment_base(s), data_.segment_map_bytes(s), name);
+  }
   if (store_state_.valid()) own_.add(store_state_.base(), store_state_.bytes(), "store state");
 }
 

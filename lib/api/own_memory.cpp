@@ -17,10 +17,7 @@ void OwnMemory::add(const void* base, uint64_t bytes, std::string what) {
   ranges_.insert(at, std::move(r));
 }
 
-const OwnMemory::Range* OwnMemory::overlap(const void* p, uint64_t bytes) const {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t end = bytes > UINTPTR_MAX - begin ? UINTPTR_MAX : begin + bytes;
-  if (end <= lo_ || begin >= hi_ || bytes == 0) return nullptr;
+const OwnMemory::Range* OwnMemory::overlap_in_hull(uintptr_t begin, uintptr_t end) const {
   // The last range that starts before `end` is the only one that can overlap
   // (the ranges are disjoint and sorted).
   auto it = std::lower_bound(ranges_.begin(), ranges_.end(), end,

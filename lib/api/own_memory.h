@@ -30,10 +30,17 @@ class OwnMemory {
   void add(const void* base, uint64_t bytes, std::string what);
   // The range that [p, p + bytes) overlaps, or nullptr. A range that would
   // wrap past the top of the address space is taken to end there.
-  const Range* overlap(const void* p, uint64_t bytes) const;
+  const Range* overlap(const void* p, uint64_t bytes) const {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t end = bytes > UINTPTR_MAX - begin ? UINTPTR_MAX : begin + bytes;
+    if (end <= lo_ || begin >= hi_ || bytes == 0) return nullptr;  // outside the hull: the common case
+    return overlap_in_hull(begin, end);
+  }
   void clear();
 
  private:
+  const Range* overlap_in_hull(uintptr_t begin, uintptr_t end) const;
+
   std::vector<Range> ranges_;  // sorted by begin; mappings do not overlap
   uintptr_t lo_ = UINTPTR_MAX, hi_ = 0;  // the hull: most buffers are outside it
 };
