@@ -265,7 +265,8 @@ typedef struct ucm_cache_info {
  *   UCM_ERR_NULL_POINTER  entries, a dst/src, or the task output is NULL
  *   UCM_ERR_EMPTY         n == 0
  *   UCM_ERR_TOO_LARGE     n > max_task_entries
- *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0
+ *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0, or a dst/src that
+ *                         overlaps the cache's own memory (below)
  *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
  *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
  *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank, or in a forked child
@@ -286,14 +287,20 @@ typedef struct ucm_load_entry {
   void* dst;       /* shard_bytes of memory on this rank's device (host memory with the
                       host engine). With CUDA each dst is checked at submit: memory of
                       another device, host memory or a freed pointer is refused with
-                      UCM_ERR_INVALID_ARG naming the entry. The destination must stay
+                      UCM_ERR_INVALID_ARG naming the entry. With any engine, a dst that
+                      overlaps the cache's own memory as this process maps it (the
+                      control region, a data-plane segment, the store's node state:
+                      the memfds in /proc/self/maps) is refused the same way, naming
+                      the entry and the region: a copy there would overwrite slots that
+                      every local rank reads. The destination must stay
                       valid until the task is finished (ucm_task_wait returned other
                       than UCM_ERR_TIMEOUT, or ucm_task_test said done): also after a
                       timed-out wait, copies into it may still be in flight. */
 } ucm_load_entry_t;
 typedef struct ucm_dump_entry {
   ucm_key_t key;
-  const void* src; /* shard_bytes to store, on this rank's device (checked as dst is).
+  const void* src; /* shard_bytes to store, on this rank's device (checked as dst is,
+                      the cache's own memory included).
                       Its content must be complete when ucm_dump_task is called: the
                       library copies on its own stream, so synchronize the stream that
                       wrote it first. It must stay valid until the task is finished. */

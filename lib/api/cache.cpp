@@ -187,6 +187,7 @@ Result Cache::open_rank() {
   if (ok(r))
     r = plan_placement(node_.local_rank, node_.local_size, engine_ ? engine_->pci_bus_id() : std::string(),
                        config_.bind_threads != 0 && !scheduler(), &placement_);
+  if (ok(r)) note_own_memory();
   if (ok(r)) {
     BackendContext bctx;
     bctx.shard_bytes = config_.shard_bytes;
@@ -531,7 +532,36 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   return Result::kOk;
 }
 
+void Cache::note_own_memory() {
+  own_.clear();
+  if (ctrl_.valid()) own_.add(&ctrl_.header(), ctrl_.region_bytes(), "control region");
+  for (size_t s = 0; data_.valid() && s < data_.segment_count(); ++s) {
+    char name[48];
+    std::snprintf(name, sizeof(name), "data segment %zu", s);
+    own_.add(data_.segment_base(s), data_.segment_map_bytes(s), name);
+  }
+  if (store_state_.valid()) own_.add(store_state_.base(), store_state_.bytes(), "store state");
+}
+
+// Every engine: a buffer in the cache's own memory would overwrite slots the
+// node's ranks read, or store the cache's bytes under a key (own_memory.h).
+Result Cache::check_not_own_memory(TaskKind kind, const std::vector<TaskEntry>& entries) const {
+  const bool load = kind == TaskKind::kLoad;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const void* p = load ? entries[i].dst : entries[i].src;
+    const OwnMemory::Range* m = own_.overlap(p, config_.shard_bytes);
+    if (!m) continue;
+    return fail(Result::kInvalidArg,
+                "entry %zu: %s %p (%" PRIu64 " bytes) overlaps the cache's own %s (%p, %" PRIu64
+                " bytes, as this rank maps it): a %s must be the application's memory",
+                i, load ? "dst" : "src", p, config_.shard_bytes, m->what.c_str(), reinterpret_cast<void*>(m->begin),
+                static_cast<uint64_t>(m->end - m->begin), load ? "destination" : "source");
+  }
+  return Result::kOk;
+}
+
 Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries) {
+  UCM_CHECK(check_not_own_memory(kind, entries));
   if (!engine_->checks_app_buffers()) return Result::kOk;  // host memory: every pointer is good
   SmallBuffer<const void*, 64> ptrs(entries.size());  // on the stack for small tasks
   for (size_t i = 0; i < entries.size(); ++i) ptrs[i] = kind == TaskKind::kLoad ? entries[i].dst : entries[i].src;

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api/own_memory.h"
 #include "backend/backend.h"
 #include "backend/node_state.h"
 #include "backend/store_calls.h"
@@ -115,6 +116,8 @@ class Cache {
   Result fetch_planes_of_rank0(const CtrlParams& cp, const DataParams& dp, uint64_t nonce, uint64_t store_bytes,
                                uint64_t deadline);
   Result check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries);
+  Result check_not_own_memory(TaskKind kind, const std::vector<TaskEntry>& entries) const;
+  void note_own_memory();  // fills own_ once the planes are mapped
   // wait()'s part for a task not done when it looked: sleeps until done,
   // then takes it out of the table.
   Result wait_running(const Task& t, uint64_t id, int64_t timeout_ms);
@@ -150,6 +153,7 @@ class Cache {
   DeviceStatus device_status_;
   std::unique_ptr<LoadQueue> queue_;
   std::unique_ptr<Fanout> fanout_;  // UCM_FANOUT=nccl|mpi only
+  OwnMemory own_;  // what no task's dst or src may overlap (api/own_memory.h)
   std::mutex tasks_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared

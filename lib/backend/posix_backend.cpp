@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "ucm_build_config.h"
@@ -258,7 +259,28 @@ Result probe_store_dir(int dfd, const PosixOptions& o, DirectProbe* out) {
 
 }  // namespace
 
+namespace {
+
+// A block file is its shards, then (at the next 4 KiB) one header per shard.
+// The config checks that the shards fit in off_t; the index must fit too.
+Result check_block_file_fits(const BackendContext& ctx) {
+  constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<off_t>::max());
+  const uint64_t spb = ctx.shards_per_block;
+  uint64_t shards = 0;
+  const bool wraps = __builtin_mul_overflow(spb, ctx.shard_bytes, &shards);
+  const uint64_t index = spb * sizeof(ShardHeader);
+  if (!wraps && shards <= kMaxOffset - 4095 && (shards + 4095) / 4096 * 4096 <= kMaxOffset - index) return Result::kOk;
+  return fail(Result::kInvalidArg,
+              "posix store: a block file of shards_per_block %u x shard_bytes %" PRIu64
+              " bytes, followed by its index of %u %zu-byte shard headers, ends past the largest file offset (%" PRIu64
+              "): use fewer or smaller shards per block",
+              ctx.shards_per_block, ctx.shard_bytes, ctx.shards_per_block, sizeof(ShardHeader), kMaxOffset);
+}
+
+}  // namespace
+
 Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, std::unique_ptr<PosixBackend>* out) {
+  UCM_CHECK(check_block_file_fits(ctx));
   int dfd = -1;
   UCM_CHECK(open_store_dir(o.dir, &dfd));
   struct DirCloser {

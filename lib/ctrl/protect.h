@@ -30,7 +30,10 @@
 // grace (CtrlGlobals.protect_grace_ms) has not passed since it was armed.
 // A protected candidate is unclaimed and skipped like a pinned one; a sweep
 // that finds only pinned or protected slots answers NoSpace, and the queue
-// backs off and retries (the fast rank waits for the slow one). Nothing is
+// backs off and retries (the fast rank waits for the slow one); before each
+// back-off its dispatcher takes the task's keys other ranks serve
+// (LoadQueue::take_served), since those may be the slots protected for its
+// own take while their loaders wait for its slots. Nothing is
 // held for longer than the grace, and no rank holds anything once it is
 // out of the copier mask: leave() and the reaper of a dead rank clear its
 // bit, and get() reaps dead ranks before it answers NoSpace.

@@ -225,19 +225,43 @@ void LoadQueue::dispatcher_main() {
   }
 }
 
-Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g) {
+Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
   for (;;) {
     const Result r = cache_->get(k, g);
     if (r != Result::kNoSpace) return r;
-    // Every slot is pinned: our copier (and the peers') drain and release.
+    // Every slot is pinned, or protected for a rank that has not taken it:
+    // our copier (and the peers') drain and release, protection ends.
     if (now_ns() >= t.deadline_ns())
-      return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned)",
-                  key_text(k).c_str());
+      return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned, "
+                  "or protected for a local rank that had not taken it)", key_text(k).c_str());
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
+    // Slots this rank has not taken may be protected until it does, and the
+    // ranks that loaded them wait for slots this rank's loads hold: take
+    // what of the task they serve now, not after our stride, then look again.
+    if (mine && take_served(*mine)) continue;
     // Our copier frees what it copies: it must have every entry we hold.
     if (t_dispatching == this) flush_batch();
     sleep_for_ns(opts_.no_space_backoff_ns);
   }
+}
+
+bool LoadQueue::take_served(const std::shared_ptr<Task>& t) {
+  const auto& entries = t->entries();
+  if (taking_served_ || t_dispatching != this || dispatched_.size() != entries.size()) return false;
+  taking_served_ = true;
+  bool any = false;
+  for (uint32_t j = 0; j < entries.size() && !stopping(); ++j) {
+    if (dispatched_[j] || !cache_->being_served(entries[j].key)) continue;
+    GetResult g;
+    const Result r = cache_->get(entries[j].key, &g);  // one look: never waits for space here
+    if (r == Result::kNoSpace) continue;                 // evicted meanwhile, no room for it yet
+    dispatched_[j] = 1;
+    any = true;
+    dispatch_got(t, j, r, g);
+  }
+  taking_served_ = false;
+  if (any) flush_batch();
+  return any;
 }
 
 void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
@@ -247,6 +271,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
   add(ctr_->shards, entries.size());
   std::vector<uint32_t> order;
   rearrange_order(static_cast<uint32_t>(entries.size()), opts_.local_rank, opts_.local_size, opts_.rotate, &order);
+  dispatched_.assign(entries.size(), 0);
   // Our own stride comes first in the rotated order.
   size_t own = order.size();
   if (opts_.rotate && opts_.local_size > 1) {
@@ -254,6 +279,7 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
     while (own < order.size() && order[own] % opts_.local_size == opts_.local_rank) ++own;
   }
   for (size_t n = 0; n < own; ++n) {
+    if (dispatched_[order[n]]) continue;  // taken out of order (take_served)
     if (!dispatch_entry(t, order[n])) {
       flush_batch();
       return fail_rest(t, order, n + 1);
@@ -299,6 +325,7 @@ bool LoadQueue::dispatch_served(const std::shared_ptr<Task>& t, std::vector<uint
   size_t kept = 0;
   for (size_t n = 0; n < d.size(); ++n) {
     const uint32_t i = d[n];
+    if (dispatched_[i]) continue;  // taken out of order (take_served)
     if (!expired && !cache_->being_served(entries[i].key)) {
       d[kept++] = i;
       continue;
@@ -361,21 +388,31 @@ void LoadQueue::wait_legacy_step(const Task& t, size_t left) {
 
 void LoadQueue::fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from) {
   for (size_t m = from; m < order.size(); ++m)
-    t->entry_failed(order[m], Result::kFinalized, "the cache was finalized while the task ran");
+    if (!dispatched_[order[m]]) t->entry_failed(order[m], Result::kFinalized, "the cache was finalized while the task ran");
 }
 
 bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
-  const auto& entries = t->entries();
+  dispatched_[i] = 1;
   if (stopping()) {
     t->entry_failed(i, Result::kFinalized, "the cache was finalized while the task ran");
     return false;
   }
   GetResult g;
-  Result r = get_with_backpressure(entries[i].key, *t, &g);
+  // Out-of-order takes only for the rotated order's loads: the legacy
+  // lockstep (order=natural) stays the control group it was, and a dump
+  // takes no protected slot.
+  const bool mine = opts_.rotate && t->kind() == TaskKind::kLoad;
+  const Result r = get_with_backpressure(t->entries()[i].key, *t, &g, mine ? &t : nullptr);
+  dispatch_got(t, i, r, g);
+  return true;
+}
+
+void LoadQueue::dispatch_got(const std::shared_ptr<Task>& t, uint32_t i, Result r, GetResult& g) {
+  const auto& entries = t->entries();
   if (r != Result::kOk) {
     add(ctr_->failed_shards, 1);
     t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-    return true;
+    return;
   }
   if (t->kind() == TaskKind::kDump) {
     if (g.kind == GetKind::kHit) {  // a peer (or an earlier task) already holds it
@@ -386,13 +423,13 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
         cache_->release(g.slot);
         add(ctr_->failed_shards, 1);
         t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-        return true;
+        return;
       }
       if (wc != WriteClaim::kBeingWritten) {
         if (wc == WriteClaim::kWriter) start_write(t, i, g.slot);  // completes the entry
         else t->entry_ok();
         cache_->release(g.slot);
-        return true;
+        return;
       }
       // Another rank's write is in flight: the copier waits for its outcome.
     } else if (g.kind == GetKind::kOwner) {
@@ -403,7 +440,7 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
         t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
       }
       cache_->release(g.slot);
-      return true;
+      return;
     }
   } else if (g.kind == GetKind::kOwner) {
     r = start_load(t, i, g.slot);
@@ -412,7 +449,7 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
       cache_->release(g.slot);
       add(ctr_->failed_shards, 1);
       t->entry_failed(i, r, key_text(entries[i].key) + ": " + last_error());
-      return true;
+      return;
     }
     g.word = cache_->word(g.slot);
   }
@@ -420,7 +457,7 @@ bool LoadQueue::dispatch_entry(const std::shared_ptr<Task>& t, uint32_t i) {
   // entries, and never held back while the dispatcher waits for anything.
   batch_.push_back(Item{t, i, g.slot, g.word, 0});
   if (batch_.size() >= kBatchMax) flush_batch();
-  return true;
+  return;
 }
 
 void LoadQueue::prealloc_next(const Task& t) {

@@ -192,9 +192,23 @@ class LoadQueue {
   void defer_end(const DeferSpan& span);
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
+  // dispatch_entry after its get() answered r: hands the entry on, or fails it.
+  void dispatch_got(const std::shared_ptr<Task>& t, uint32_t index, Result r, GetResult& g);
+  // Fails every entry of order[from..] not yet dispatched.
   void fail_rest(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& order, size_t from);
   void wait_legacy_step(const Task& t, size_t left);
-  Result get_with_backpressure(const Key& k, const Task& t, GetResult* g);
+  // get() until it finds a slot, backing off on NoSpace until t's deadline.
+  // With `mine` (the load task the dispatcher is dispatching), a NoSpace
+  // first takes the task's other entries that some rank already serves
+  // (take_served): the slots they hold may be protected until this rank
+  // takes them (ctrl/protect.h), while the ranks that loaded them wait for
+  // slots that this rank's loads hold, and none would take the other's
+  // before its own stride was done: every rank waited out the grace.
+  Result get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine = nullptr);
+  // Dispatches, out of order, the entries of t not yet dispatched whose keys
+  // some rank serves, each with one get() that never waits for space; true
+  // when it dispatched any. Never nests (taking_served_).
+  bool take_served(const std::shared_ptr<Task>& t);
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
   void start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
@@ -286,6 +300,11 @@ class LoadQueue {
   bool stopping_ = false;
   std::atomic<bool> stop_flag_{false};  // stopping_, readable without mu_
   std::vector<Item> batch_;             // dispatcher thread only: entries not yet handed to the copier
+  // The dispatcher's: which entries of the task in dispatch() are dispatched
+  // (take_served may dispatch them out of order), and whether it is inside
+  // take_served (which never nests).
+  std::vector<uint8_t> dispatched_;
+  bool taking_served_ = false;
 
   mutable std::mutex io_mu_;
   std::condition_variable io_cv_;

@@ -1018,6 +1018,25 @@ TEST(PosixBackend, MissingDirectoryIsAnInitErrorNamingThePath) {
   EXPECT_TRUE(contains(last_error(), missing) && contains(last_error(), "No such file")) << last_error();
 }
 
+// The config checks that a block's shards fit in off_t; the index of shard
+// headers lies after them, at the next 4 KiB. A layout whose index ran past
+// the largest offset was accepted, and the header of every shard from 2^26
+// on was then written at a wrapped (negative) offset (an EINVAL that names
+// neither the layout nor the limit).
+TEST(PosixBackend, ABlockFileWhoseIndexEndsPastTheLargestOffsetIsAnInitError) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  BackendContext c{uint64_t{1} << 32, (1u << 31) - 1};  // shards end at 2^63 - 2^32: in range
+  std::unique_ptr<Backend> b;
+  clear_last_error();
+  EXPECT_EQ(res(make_backend("posix:" + dir.path, c, &b)), res(Result::kInvalidArg));
+  EXPECT_EQ(b, nullptr);
+  EXPECT_TRUE(contains(last_error(), "largest file offset") && contains(last_error(), "2147483647"))
+      << last_error();
+  BackendContext fits{uint64_t{1} << 20, (1u << 31) - 1};  // 2^51 bytes of shards: room for the index
+  EXPECT_EQ(res(make_backend("posix:" + dir.path, fits, &b)), res(Result::kOk)) << last_error();
+}
+
 TEST(PosixBackend, PathThatIsAFileIsAnInitErrorNamingThePath) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -447,6 +448,67 @@ TEST_F(Api, ANonZeroReservedFieldInAKeyIsRefusedNamingTheEntry) {
   uint8_t where[3] = {};
   EXPECT_EQ(ucm_lookup(cache, keys, 3, where), UCM_ERR_INVALID_ARG);
   EXPECT_TRUE(contains(msg(cache), "key 2: key.reserved 1 != 0")) << msg(cache);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// [begin, end) of the first mapping of this process whose /proc/self/maps
+// line names `name` (the cache's memfds), or {nullptr, nullptr}.
+std::pair<uint8_t*, uint8_t*> own_mapping(const char* name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (!contains(line, name)) continue;
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) != 2) break;
+    return {reinterpret_cast<uint8_t*>(begin), reinterpret_cast<uint8_t*>(end)};
+  }
+  return {nullptr, nullptr};
+}
+
+// A dst inside the cache's own shared memory (found in /proc/self/maps) made
+// the host engine copy a shard over the slots every rank of the node reads:
+// the next load of the key in slot 0 brought another key's bytes. A src there
+// stored the control region's bytes under a key. Both are refused, naming the
+// entry and the region, and nothing changes.
+TEST_F(Api, ABufferInTheCachesOwnMemoryIsRefusedNamingTheEntry) {
+  ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  LoadBatch a;
+  a.add(ukey(1, 0));
+  ASSERT_EQ(load_and_wait(cache, a), UCM_OK) << msg(cache);
+  const auto [data, data_end] = own_mapping("memfd:ucmcache-data");
+  const auto [ctrl, ctrl_end] = own_mapping("memfd:ucmcache-ctrl");
+  ASSERT_NE(data, nullptr);
+  ASSERT_NE(ctrl, nullptr);
+  ASSERT_GE(static_cast<uint64_t>(data_end - data), 2 * kTaskShard);
+  ASSERT_GE(static_cast<uint64_t>(ctrl_end - ctrl), kTaskShard);
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank has key 1 before any rank tries
+
+  LoadBatch b;
+  b.add(ukey(2, 0));
+  b.add(ukey(3, 0));
+  b.entries[1].dst = data + 100;  // across slots 0 and 1
+  ucm_task_t t = 0;
+  ucm_result_t r = ucm_load_task(cache, b.entries.data(), b.entries.size(), &t);
+  if (r == UCM_OK) (void)wait_guarded(cache, t, "a load into the data plane");
+  EXPECT_EQ(r, UCM_ERR_INVALID_ARG);
+  EXPECT_TRUE(contains(msg(cache), "entry 1: dst")) << msg(cache);
+  EXPECT_TRUE(contains(msg(cache), "data segment 0")) << msg(cache);
+  EXPECT_TRUE(b.untouched(0));
+
+  ucm_dump_entry_t d{ukey(4, 0), ctrl};
+  r = ucm_dump_task(cache, &d, 1, &t);
+  if (r == UCM_OK) (void)wait_guarded(cache, t, "a dump from the control region");
+  EXPECT_EQ(r, UCM_ERR_INVALID_ARG);
+  EXPECT_TRUE(contains(msg(cache), "entry 0: src")) << msg(cache);
+  EXPECT_TRUE(contains(msg(cache), "control region")) << msg(cache);
+
+  // Nothing changed: key 1 still brings its own bytes.
+  MPI_Barrier(MPI_COMM_WORLD);
+  LoadBatch again;
+  again.add(ukey(1, 0));
+  EXPECT_EQ(load_and_wait(cache, again), UCM_OK) << msg(cache);
+  EXPECT_EQ(again.verify(0), kTaskShard);
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 

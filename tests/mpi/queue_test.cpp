@@ -132,6 +132,37 @@ TEST_F(Queue, UnpacedRanksArrivingSkewedStillOwnAnEqualShare) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(per_rank[r], static_cast<uint64_t>(12 / n)) << "rank " << r;
 }
 
+// Every rank submits one task of more keys than the cache has slots. Each
+// rank's dispatcher took its own stride first and filled its share of the
+// cache; a slot it loaded is protected until every rank has taken it, and
+// the others would take it only after their own strides, which needed the
+// slots this rank's loads held: every rank backed off until the grace ran
+// out (14 s for 64 shards over 8 slots on 2 ranks, each shard loaded twice;
+// with 160 the task ended UCM_ERR_NO_SPACE at timeout_ms). With a grace far
+// past the task's deadline, that was the deadline's UCM_ERR_NO_SPACE. A
+// dispatcher that finds no space now first takes the task's shards that
+// other ranks serve: each shard is loaded once per node and the task ends OK.
+TEST_F(Queue, ATaskLargerThanTheCacheOnEveryRankLoadsEachShardOncePerNode) {
+  if (world_size() < 2) GTEST_SKIP() << "protection waits only for other ranks";
+  ucm_config_t cfg = task_config(8, "sim:latency_us=0");
+  cfg.reserved_slots = 0;
+  cfg.prealloc = 0;
+  cfg.protect_grace_ms = 600000;  // the most: only a take ends protection within the task
+  cfg.timeout_ms = 20000;
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  LoadBatch b;
+  for (uint64_t i = 0; i < 64; ++i) b.add(ukey(9100 + i, 0));
+  MPI_Barrier(MPI_COMM_WORLD);
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_OK) << msg(cache);
+  EXPECT_EQ(wait_guarded(cache, t, "a task of 64 shards over 8 slots"), UCM_OK) << msg(cache);
+  for (size_t i = 0; i < b.entries.size(); ++i) EXPECT_EQ(b.verify(i), kTaskShard) << "entry " << i;
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(node_stats(cache).owner_loads, 64u) << "each shard loaded once per node";
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
 TEST_F(Queue, ScenarioANaturalOrderStillLoadsEachShardOnce) {
   // The legacy order: the node total is still 12; who owns what is a race
   // (reported, not asserted). Also reported: both orders with unpaced
