@@ -169,6 +169,20 @@ void Cache::log_device_and_placement() const {
            data_.populate_threads(), data_.valid() ? data_.numa_note().c_str() : "(no data plane: scheduler)");
 }
 
+// The cache over the planes, and the store's synchronous calls (on threads
+// of their own, store_calls.h) behind its touch.
+void Cache::open_buffer() {
+  CacheOptions o;
+  o.rank = static_cast<uint32_t>(node_.local_rank);
+  o.wait = config_.wait == UCM_WAIT_POLL ? WaitMode::kPoll : WaitMode::kFutex;
+  o.liveness_slice_ms = config_.liveness_ms;
+  o.lock_timeout_ms = config_.timeout_ms;
+  buffer_ = std::make_unique<CacheBuffer>(&ctrl_, data_.valid() ? &data_ : nullptr, o);
+  store_calls_ = std::make_unique<StoreCalls>(backend_.get(), static_cast<uint32_t>(node_.local_rank));
+  buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<StoreCalls*>(ctx)->touch(b, n); },
+                          store_calls_.get());
+}
+
 Result Cache::open_rank() {
   Result r = join_rank(ctrl_, static_cast<uint32_t>(node_.local_rank), deadline_after_ms(config_.timeout_ms));
   joined_ = ok(r);
@@ -197,17 +211,7 @@ Result Cache::open_rank() {
     bctx.buffers = std::move(segs);
     r = make_backend(config_.backend, bctx, &backend_);
   }
-  if (ok(r)) {
-    CacheOptions o;
-    o.rank = static_cast<uint32_t>(node_.local_rank);
-    o.wait = config_.wait == UCM_WAIT_POLL ? WaitMode::kPoll : WaitMode::kFutex;
-    o.liveness_slice_ms = config_.liveness_ms;
-    o.lock_timeout_ms = config_.timeout_ms;
-    buffer_ = std::make_unique<CacheBuffer>(&ctrl_, data_.valid() ? &data_ : nullptr, o);
-    store_calls_ = std::make_unique<StoreCalls>(backend_.get(), static_cast<uint32_t>(node_.local_rank));
-    buffer_->set_touch_hook([](void* ctx, const BlockId* b, size_t n) { static_cast<StoreCalls*>(ctx)->touch(b, n); },
-                            store_calls_.get());
-  }
+  if (ok(r)) open_buffer();
   if (ok(r) && !scheduler()) {
     QueueOptions q;
     q.local_rank = static_cast<uint32_t>(node_.local_rank);

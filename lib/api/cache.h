@@ -125,6 +125,7 @@ class Cache {
   // task under another cache's handle.
   static uint64_t new_task_id();
   Result open_rank();
+  void open_buffer();
   Result open_fanout();  // init step 7 (api/cache_fanout.cpp)
   // Tears down what this rank holds; the store's I/O threads get until
   // deadline_ns (finalize's one deadline: what is left of timeout_ms).
