@@ -29,6 +29,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/log_capture.h"
 #include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/task_util.h"
@@ -334,6 +335,36 @@ TEST_F(Api, InitWithTheSmallestTimeoutEndsTheSameOnEveryRank) {
   ucm_config_t sane = task_config(64, "sim:latency_us=0");
   ASSERT_NO_FATAL_FAILURE(init(sane));
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// Finalize while a task runs (one shard hung in the store, its peers' and
+// its own other shards copied or waited on) is a finalize like any other:
+// the task is abandoned, what its entries held is given back by the queue as
+// it stops, and a successful finalize prints nothing.
+TEST_F(Api, FinalizeWithTasksRunningPrintsNoWarning) {
+  char spec[128];
+  std::snprintf(spec, sizeof(spec), "sim:latency_us=0,hang_keys=%" PRIu64 ".0", kHangBlock);
+  ucm_config_t cfg = task_config(64, spec);
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  // Entry 0 never loads; the others are loaded or waited for meanwhile.
+  LoadBatch b;
+  b.add(ukey(kHangBlock, 0));
+  for (uint64_t i = 0; i < 8; ++i) b.add(ukey(300 + i, 0));
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_OK) << msg(cache);
+  ASSERT_TRUE(eventually("the node's loads of the task's other shards",
+                         [&] { return node_stats(cache).owner_loads >= 8; }));
+  MPI_Barrier(MPI_COMM_WORLD);
+  size_t warnings = 0;
+  std::string first;
+  {
+    LogCapture logs;
+    EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+    warnings = logs.warnings();
+    first = logs.first_lines();
+  }
+  EXPECT_EQ(warnings, 0u) << first;
 }
 
 // A forked child inherits the cache's handle and memory but none of its
