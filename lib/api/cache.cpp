@@ -339,12 +339,10 @@ void Cache::release_local(uint64_t deadline_ns) {
   // The store-call threads first, by the same deadline: one still in the
   // store past it is detached, as a stuck I/O thread is.
   // (A second release, from the destructor, finds neither and adds nothing.)
-  const uint32_t calls_left = store_calls_ ? store_calls_->shutdown(deadline_ns) : 0;
-  const uint32_t io_left = backend_ ? backend_->shutdown(deadline_ns) : 0;
-  if (store_calls_) calls_left_ = calls_left;
-  if (backend_) io_left_ = io_left;
-  if (io_left + calls_left > 0) {
-    g_io_threads_left.fetch_add(io_left + calls_left, std::memory_order_relaxed);
+  calls_left_ = store_calls_ ? store_calls_->shutdown(deadline_ns) : 0;
+  io_left_ = backend_ ? backend_->shutdown(deadline_ns) : 0;
+  if (io_left_ + calls_left_ > 0) {
+    g_io_threads_left.fetch_add(io_left_ + calls_left_, std::memory_order_relaxed);
     // Kept, not freed: the stuck threads return into them. Reachable from a
     // list that lives as long as the process (so not a leak to a checker).
     keep_for_stuck_threads({std::move(store_calls_), std::move(backend_), std::move(store_state_)});

@@ -143,9 +143,8 @@ ucm::Result lookup(ucm::Cache& c, const ucm_key_t* keys, size_t n, uint8_t* wher
     bool cached = false;
     // A corrupt control region is the whole call's answer, not one key's.
     UCM_CHECK(c.buffer()->exists(k, &cached));
-    where[i] = UCM_WHERE_CACHE;
+    where[i] = cached ? UCM_WHERE_CACHE : UCM_WHERE_ERROR;  // ERROR until the store answers
     if (cached) continue;
-    where[i] = UCM_WHERE_ERROR;  // until the store answers
     at.push_back(i);
     ask.push_back(k);
   }

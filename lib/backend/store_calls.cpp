@@ -2,6 +2,7 @@
 // thread, each wait bounded by the caller's deadline.
 #include "backend/store_calls.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <system_error>
@@ -79,11 +80,7 @@ Result StoreCalls::ask(const Key* keys, size_t n, uint64_t deadline_ns, StoreAns
   out->first_error_text = job->first_error_text;
   if (job->done) return Result::kOk;
   // Not begun by any asker (all held in the store): nobody will want it.
-  for (auto it = asks_.begin(); it != asks_.end(); ++it)
-    if (*it == job) {
-      asks_.erase(it);
-      break;
-    }
+  if (auto it = std::find(asks_.begin(), asks_.end(), job); it != asks_.end()) asks_.erase(it);
   if (stopping_) return fail(Result::kFinalized, "the cache is being finalized");
   return fail(Result::kTimeout, "the store answered %zu of %zu keys by the deadline", job->answered, n);
 }

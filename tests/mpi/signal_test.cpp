@@ -5,7 +5,6 @@
 // the app thread's waits). Each call must resume: every task still ends
 // right, and nothing fails or hangs. The storm is aimed at the library's
 // threads and the test's own, not at MPI's (Open MPI's are not ours).
-#include <dirent.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,13 +12,13 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/thread_names.h"
 #include "mpi/cache_fixture.h"
 #include "mpi/mpi_test.h"
 #include "mpi/store_dir.h"
@@ -36,15 +35,8 @@ void on_signal(int) { g_handled.fetch_add(1, std::memory_order_relaxed); }
 // This process's threads named ucm-*, and `also` (a tid).
 std::vector<pid_t> targets(pid_t also) {
   std::vector<pid_t> tids{also};
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return tids;
-  while (const dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string n;
-    if (std::getline(f, n) && n.rfind("ucm-", 0) == 0) tids.push_back(static_cast<pid_t>(std::atoi(e->d_name)));
-  }
-  closedir(d);
+  for (const auto& [tid, name] : threads_named())
+    if (name.rfind("ucm-", 0) == 0) tids.push_back(tid);
   return tids;
 }
 
