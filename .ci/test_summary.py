@@ -23,6 +23,13 @@ A program that failed although none of its cases did (a leak check at exit,
 a crash after the last case, no closing summary) adds one failed case, so
 that `0 failed` always means every program passed too. A stage whose log is
 missing (its build failed, or meson test never ran) is one failed program.
+After the stage lines, each failed program gets a line naming it, its
+result and its failed cases, and a few lines of what it printed about the
+first of them (CI shows the end of run.sh's output: that must say what
+failed, not only how many):
+
+    run.sh: ci: FAILED mpi-np2 (FAIL): Hang.Finalize, Boot.Shares
+    run.sh:   | tests/mpi/hang_test.cpp:40: Failure
 Exit status 0; the counts are the output.
 """
 import json
@@ -42,6 +49,9 @@ PYTEST_WORD = {
 PYTEST_CASE_WORD = {"PASSED": "passed", "XFAIL": "passed", "XPASS": "passed",
                     "FAILED": "failed", "ERROR": "failed", "SKIPPED": "skipped"}
 OK_RESULTS = ("OK", "EXPECTEDFAIL")
+PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+)")
+DETAIL_LINES = 8   # lines of a failed program's output in the summary
+NAMED_CASES = 6    # failed cases named per program
 
 
 class Counts:
@@ -107,12 +117,55 @@ def pytest_cases(lines):
     return got["passed"], got["failed"], got["skipped"], False
 
 
+def output_lines(entry):
+    text = (entry.get("stdout") or "") + "\n" + (entry.get("stderr") or "")
+    return [ANSI.sub("", l).rstrip("\r") for l in text.splitlines()]
+
+
+def gtest_failed(lines):
+    """Names of GoogleTest's failed (or never ended) cases, and the first one's output."""
+    names, detail, running, since = [], [], None, 0
+    for i, line in enumerate(lines):
+        m = GTEST_RUN.match(line)
+        end = GTEST_END.match(line)
+        if m:
+            if running is not None:
+                names.append(running)
+                detail = detail or lines[since:i]
+            running, since = m.group(1), i + 1
+        elif end and running is not None and end.group(2) == running:
+            if end.group(1) == "FAILED":
+                names.append(running)
+                detail = detail or lines[since:i]
+            running = None
+    if running is not None:
+        names.append(running)
+        detail = detail or lines[since:]
+    return names, detail
+
+
+def failure_lines(stage, entry):
+    """The summary's lines for one failed program: its name and cases, then some output."""
+    lines = output_lines(entry)
+    names, detail = gtest_failed(lines)
+    if not names:
+        names = [m.group(1) for m in map(PYTEST_FAILED.match, lines) if m]
+        detail = []
+    if not detail:
+        detail = [l for l in lines if l.strip()][-DETAIL_LINES:]
+    detail = [l for l in detail if l.strip()][:DETAIL_LINES]
+    more = " (+%d more)" % (len(names) - NAMED_CASES) if len(names) > NAMED_CASES else ""
+    head = "run.sh: %s: FAILED %s (%s)" % (stage, entry.get("name", "?"), entry.get("result", "ERROR"))
+    if names:
+        head += ": " + ", ".join(names[:NAMED_CASES]) + more
+    return [head] + ["run.sh:   | " + l[:200] for l in detail]
+
+
 def test_counts(entry):
     """Counts of one test program (one line of testlog.json)."""
     c = Counts()
     result = entry.get("result", "ERROR")
-    text = (entry.get("stdout") or "") + "\n" + (entry.get("stderr") or "")
-    lines = [ANSI.sub("", l).rstrip("\r") for l in text.splitlines()]
+    lines = output_lines(entry)
     if result == "SKIP":
         c.prog_skipped = 1
     elif result in OK_RESULTS:
@@ -139,32 +192,40 @@ def test_counts(entry):
     return c
 
 
-def stage_counts(path):
-    total = Counts()
+def stage_counts(stage, path):
+    """(counts, found, lines about the failed programs) of one stage's log."""
+    total, failed = Counts(), []
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for raw in f:
                 raw = raw.strip()
                 if raw:
-                    total.add(test_counts(json.loads(raw)))
+                    entry = json.loads(raw)
+                    c = test_counts(entry)
+                    total.add(c)
+                    if c.prog_failed:
+                        failed += failure_lines(stage, entry)
     except (OSError, ValueError):
         missing = Counts()
         missing.failed = missing.prog_failed = 1
-        return missing, False
-    return total, True
+        return missing, False, []
+    return total, True, failed
 
 
 def main(argv):
     if len(argv) < 2 or any("=" not in a for a in argv[1:]):
         sys.stderr.write(__doc__)
         return 2
-    grand = Counts()
+    grand, failed = Counts(), []
     for arg in argv[1:]:
         stage, path = arg.split("=", 1)
-        c, found = stage_counts(path)
+        c, found, lines = stage_counts(stage, path)
         note = "" if found else " (no %s: the stage's tests did not run)" % (path or "test log")
         print("run.sh: %s: %s%s" % (stage, c.line(), note))
         grand.add(c)
+        failed += lines
+    for line in failed:
+        print(line)
     print("run.sh: " + grand.line("test cases"))
     return 0
 

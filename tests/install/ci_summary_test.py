@@ -5,7 +5,8 @@ Each fixture is one line of meson's testlog.json as meson 1.0 writes it (name,
 result, stdout, stderr): GoogleTest programs that pass, skip (GTEST_SKIP),
 fail a case, crash inside a case (no closing summary) or fail at exit after
 all their cases passed; pytest's closing line and its -v lines without one;
-plain scripts; and a stage whose log is missing.
+plain scripts; and a stage whose log is missing. The summary names each failed
+program, its failed cases and a few lines of their output.
 
 usage: ci_summary_test.py SOURCE_ROOT
 """
@@ -134,14 +135,45 @@ with tempfile.TemporaryDirectory() as d:
         rc = ts.main(["test_summary.py", "core=" + log, "asan=" + os.path.join(d, "missing.json")])
     lines = out.getvalue().splitlines()
     check("main: exit status", rc, 0)
-    check("main: line count", len(lines), 3)
-    if len(lines) == 3:
+    check("main: line count", len(lines), 6)
+    if len(lines) == 6:
         check("main: stage line", lines[0],
               "run.sh: core: 6 passed, 1 failed, 1 skipped (cases); programs: 2 ok, 1 failed, 0 skipped")
         check("main: a missing log is a failed stage", lines[1].split(" (no ")[0],
               "run.sh: asan: 0 passed, 1 failed, 0 skipped (cases); programs: 0 ok, 1 failed, 0 skipped")
-        check("main: closing line", lines[2],
+        check("main: the failed program and case are named", lines[2:5],
+              ["run.sh: core: FAILED mp (FAIL): Typed/0.Contract",
+               "run.sh:   | /src/x.cpp:3: Failure",
+               "run.sh:   | Expected equality of these values"])
+        check("main: closing line", lines[5],
               "run.sh: 6 passed, 2 failed, 1 skipped (test cases); programs: 2 ok, 2 failed, 0 skipped")
+
+
+def failed(e):
+    return ts.failure_lines("ci", e)
+
+
+# CI shows the end of run.sh's output: the summary names what failed.
+check("failed: a case killed inside it, with what it printed",
+      failed(entry("mpi-np2", "TIMEOUT", GTEST_CRASH)),
+      ["run.sh: ci: FAILED mpi-np2 (TIMEOUT): Hang.Finalize",
+       "run.sh:   | " + "-" * 74,
+       "run.sh:   | The user-provided time limit for job execution has been reached:"])
+check("failed: at exit, no case failed: its last lines",
+      failed(entry("unit", "FAIL", GTEST_LEAK, LEAK_ERR))[0:1] + failed(entry("unit", "FAIL", GTEST_LEAK, LEAK_ERR))[-1:],
+      ["run.sh: ci: FAILED unit (FAIL)", "run.sh:   | " + LEAK_ERR.strip()])
+PYTEST_NAMED = ("=========================== short test summary info ============================\n"
+                "FAILED tests/python/test_api.py::test_lookup - AssertionError: 3 != 2\n"
+                "ERROR tests/python/test_api.py::test_setup\n"
+                "============ 1 failed, 11 passed, 1 error in 4.00s ============\n")
+check("failed: pytest's failed tests named",
+      failed(entry("python", "FAIL", PYTEST_NAMED))[0],
+      "run.sh: ci: FAILED python (FAIL): tests/python/test_api.py::test_lookup, tests/python/test_api.py::test_setup")
+many = "".join("[ RUN      ] S.T%d\n[  FAILED  ] S.T%d (1 ms)\n" % (i, i) for i in range(9))
+check("failed: at most %d cases named" % ts.NAMED_CASES, failed(entry("unit", "FAIL", many))[0],
+      "run.sh: ci: FAILED unit (FAIL): S.T0, S.T1, S.T2, S.T3, S.T4, S.T5 (+3 more)")
+check("failed: a script's last lines", failed(entry("man", "FAIL", "", "man_test: FAIL: no UCM_LOG\n")),
+      ["run.sh: ci: FAILED man (FAIL)", "run.sh:   | man_test: FAIL: no UCM_LOG"])
 
 if failures:
     print("ci_summary_test: FAIL:\n  " + "\n  ".join(failures))
