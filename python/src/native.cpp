@@ -516,7 +516,9 @@ struct PyCache {
       py::gil_scoped_release nogil;
       r = ucm_lookup(c->handle(), keys.data(), keys.size(), w);
     }
-    if (r == UCM_ERR_BACKEND) {
+    // The store failed some keys, or held them past timeout_ms: the
+    // exception carries what was answered, and which keys were not.
+    if (r == UCM_ERR_BACKEND || r == UCM_ERR_TIMEOUT) {
       py::dict extra;
       py::list ks, idx;
       for (size_t i = 0; i < keys.size(); ++i)

@@ -291,8 +291,9 @@ class Cache:
 
     def lookup(self, keys):
         """A numpy uint8 array: WHERE_NONE, WHERE_BACKEND or WHERE_CACHE per key.
-        A key the store cannot answer for raises BackendError (its ``where``
-        has WHERE_ERROR there)."""
+        A key the store cannot answer for raises BackendError; one it holds
+        past timeout_ms, UcmTimeoutError. Either has ``where`` (WHERE_ERROR
+        at the keys not answered), and ``keys`` and ``indexes`` of those."""
         return self._native.lookup(keys)
 
     def stats(self, node=False):

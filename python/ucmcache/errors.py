@@ -89,9 +89,13 @@ class ResourceError(UcmError):
 
 
 class UcmTimeoutError(UcmError, TimeoutError):
-    """A bounded wait ran out; a task that timed out is still valid."""
+    """A bounded wait ran out; a task that timed out is still valid. From a
+    lookup it has ``where``, ``keys`` and ``indexes`` as BackendError does
+    (the keys the store did not answer in time)."""
 
     result = ERR_TIMEOUT
+    keys = ()
+    indexes = ()
 
 
 # ---- the store and the shared data -----------------------------------------

@@ -165,3 +165,19 @@ def test_a_task_that_fails_by_its_deadline_is_its_outcome_not_a_wait_timeout(com
         with pytest.raises(ucmcache.UnknownTaskError, match="already waited"):
             t.wait(0.2)
         comm.Barrier()
+
+
+def test_a_lookup_the_store_holds_times_out_with_what_it_answered(comm):
+    # The store holds exists() of the hung key 1.5 s (a stuck NFS mount);
+    # ucm_lookup gives up at timeout_ms (1 s) with the keys before it
+    # answered. The TimeoutError carries those answers, as a BackendError
+    # does: the call's where, and the unanswered keys and their indexes. (The
+    # store returns before close's own deadline, a timeout_ms after it begins.)
+    spec = "sim:latency_us=0,hang_keys=%d.0,hang_sync=1,hang_ms=1500" % HUNG
+    with ucmcache.Cache(comm, **base_config(spec, timeout_ms=1000)) as c:
+        keys = [(ucmcache.block_id(901), 0), hung_key(), (ucmcache.block_id(902), 0)]
+        with pytest.raises(ucmcache.UcmTimeoutError, match="timeout_ms 1000") as e:
+            c.lookup(keys)
+        assert list(e.value.where) == [ucmcache.WHERE_BACKEND, ucmcache.WHERE_ERROR, ucmcache.WHERE_ERROR]
+        assert e.value.keys == keys[1:] and e.value.indexes == [1, 2]
+        comm.Barrier()
