@@ -265,8 +265,9 @@ typedef struct ucm_cache_info {
  *   UCM_ERR_NULL_POINTER  entries, a dst/src, or the task output is NULL
  *   UCM_ERR_EMPTY         n == 0
  *   UCM_ERR_TOO_LARGE     n > max_task_entries
- *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0, or a dst/src that
- *                         overlaps the cache's own memory (below)
+ *   UCM_ERR_INVALID_ARG   a key's reserved field is not 0, a dst/src that
+ *                         overlaps the cache's own memory (below), or two dsts
+ *                         of one load that share a byte (naming both entries)
  *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
  *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
  *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank, or in a forked child
@@ -292,7 +293,10 @@ typedef struct ucm_load_entry {
                       control region, a data-plane segment, the store's node state:
                       the memfds in /proc/self/maps) is refused the same way, naming
                       the entry and the region: a copy there would overwrite slots that
-                      every local rank reads. The destination must stay
+                      every local rank reads. Two dsts of one load must not share a
+                      byte (each key's shard would hold the other's bytes there);
+                      dsts of different tasks in flight at once must not either (not
+                      checked). The destination must stay
                       valid until the task is finished (ucm_task_wait returned other
                       than UCM_ERR_TIMEOUT, or ucm_task_test said done): also after a
                       timed-out wait, copies into it may still be in flight. */

@@ -564,9 +564,16 @@ Result Cache::check_not_own_memory(TaskKind kind, const std::vector<TaskEntry>& 
 
 Result Cache::check_app_buffers(TaskKind kind, const std::vector<TaskEntry>& entries) {
   UCM_CHECK(check_not_own_memory(kind, entries));
-  if (!engine_->checks_app_buffers()) return Result::kOk;  // host memory: every pointer is good
   SmallBuffer<const void*, 64> ptrs(entries.size());  // on the stack for small tasks
   for (size_t i = 0; i < entries.size(); ++i) ptrs[i] = kind == TaskKind::kLoad ? entries[i].dst : entries[i].src;
+  size_t a = 0, b = 0;
+  // A dump's srcs are only read: one buffer may be stored under several keys.
+  if (kind == TaskKind::kLoad && overlapping_pair(ptrs.data(), entries.size(), config_.shard_bytes, &a, &b))
+    return fail(Result::kInvalidArg,
+                "entry %zu: dst %p overlaps entry %zu's dst %p (%" PRIu64 " bytes each): both shards would be "
+                "copied into the same bytes",
+                b, ptrs[b], a, ptrs[a], config_.shard_bytes);
+  if (!engine_->checks_app_buffers()) return Result::kOk;  // host memory: every pointer is good
   size_t bad = 0;
   const Result r = engine_->check_app_buffers(ptrs.data(), entries.size(), config_.shard_bytes, &bad);
   if (r == Result::kInvalidArg) {

@@ -27,6 +27,28 @@ const OwnMemory::Range* OwnMemory::overlap_in_hull(uintptr_t begin, uintptr_t en
   return it->end > begin ? &*it : nullptr;
 }
 
+bool overlapping_pair(const void* const* at, size_t n, uint64_t bytes, size_t* a, size_t* b) {
+  // p <= q share a byte when q - p < bytes (no end is computed: nothing wraps).
+  auto close = [bytes](uintptr_t p, uintptr_t q) { return q - p < bytes; };
+  size_t i = 1;
+  for (; i < n; ++i) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(at[i - 1]), q = reinterpret_cast<uintptr_t>(at[i]);
+    if (q <= p || close(p, q)) break;
+  }
+  if (i >= n) return false;  // ascending, none overlaps the next: none overlaps any
+  std::vector<std::pair<uintptr_t, size_t>> s(n);
+  for (size_t k = 0; k < n; ++k) s[k] = {reinterpret_cast<uintptr_t>(at[k]), k};
+  std::sort(s.begin(), s.end());
+  // Sorted, a buffer that overlaps any later one overlaps the next.
+  for (size_t k = 1; k < n; ++k) {
+    if (!close(s[k - 1].first, s[k].first)) continue;
+    *a = std::min(s[k - 1].second, s[k].second);
+    *b = std::max(s[k - 1].second, s[k].second);
+    return true;
+  }
+  return false;
+}
+
 void OwnMemory::clear() {
   ranges_.clear();
   lo_ = UINTPTR_MAX;

@@ -13,11 +13,21 @@
 // its address range).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ucm {
+
+// Of n buffers of `bytes` each at at[0..n), two that share a byte: true, with
+// their indexes (*a < *b), the pair found first in address order; else false.
+// O(n) when the addresses ascend without overlap (a task cut from one buffer,
+// the common case), O(n log n) otherwise. Buffers that would run past the
+// top of the address space end there. Two dsts of one load that overlap get
+// each other's bytes in whichever order the copies run: the C API refuses
+// such a load at submit (UCM_ERR_INVALID_ARG naming both entries).
+bool overlapping_pair(const void* const* at, size_t n, uint64_t bytes, size_t* a, size_t* b);
 
 class OwnMemory {
  public:
