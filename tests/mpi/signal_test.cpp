@@ -62,6 +62,14 @@ class SignalStorm {
   }
   ~SignalStorm() {
     end();
+    // A signal sent to a thread that has not run since (a loaded machine)
+    // is still pending on it: under the old disposition (SIGUSR2's default
+    // ends the process) it would kill the rank in a later test. Ignoring
+    // the signal discards every pending one; then the old action returns.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGUSR2, &ign, nullptr);
     sigaction(SIGUSR2, &old_, nullptr);
   }
   void end() {
