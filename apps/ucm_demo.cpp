@@ -41,14 +41,17 @@
 // --decode-only skips prefill: the store (--store DIR, kept from an earlier
 // run with the same sizes) already holds the prompts, as after a restart.
 #include <dirent.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -197,6 +200,25 @@ bool validate(Options* o) {
 }
 
 bool parse(int argc, char** argv, Options* o) { return parse_flags(argc, argv, o) && validate(o); }
+
+// Rank 0 writes --json after the run: a path it cannot write is refused
+// before any work (the run's result would be lost after minutes of it). The
+// check creates no file that was not there.
+bool json_writable(const std::string& path) {
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 || (existed && !S_ISREG(st.st_mode))) {
+    const int err = fd < 0 ? errno : EISDIR;
+    if (fd >= 0) ::close(fd);
+    std::fprintf(stderr, "ucm_demo: --json %s: cannot write it: %s (checked before the run, whose result it holds)\n",
+                 path.c_str(), std::strerror(err));
+    return false;
+  }
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+  return true;
+}
 
 // The engine's KV content (demo_kv.h): a function of (block, layer, offset),
 // so any rank can verify what it got. Blocks 0..hot-1 are a shared prefix.
@@ -863,6 +885,13 @@ void report(const Run& run, const Decode& d, const Measured& m, Totals* t) {
     t->bad_all += 1;  // the run fails: its result was asked for and is lost
 }
 
+// Every rank: whether rank 0 can write --json (none given: yes).
+bool json_ok_on_every_rank(const Run& run) {
+  int ok = run.rank != 0 || run.o.json.empty() || json_writable(run.o.json) ? 1 : 0;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok != 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -875,6 +904,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: mpirun -np N ucm_demo [--prompts N] [--layers L] [--shard-kib K] [--cache-mib M] "
                            "[--steps S] [--hot H] [--store DIR] [--backend SPEC] [--raw-passes P] "
                            "[--one-rank-loads N] [--window W] [--kv-layers B] [--decode-only] [--json PATH]\n");
+    MPI_Finalize();
+    return 2;
+  }
+  if (!json_ok_on_every_rank(run)) {
     MPI_Finalize();
     return 2;
   }

@@ -136,6 +136,15 @@ refused "--hot 40: at most --prompts 32" --prompts 32 --hot 40
 refused "--raw-passes 101: at most 100" --raw-passes 101
 refused "--one-rank-loads many: not a whole number" --one-rank-loads many
 refused "--one-rank-loads 99999999999999999999: not a whole number that fits" --one-rank-loads 99999999999999999999
+# --json is written after the run: a path that cannot be written is refused
+# before it (the run's result was lost after it), and no file is left.
+refused "--json $out/no-such-dir/demo.json: cannot write it: No such file or directory" --json "$out/no-such-dir/demo.json"
+mkdir -p "$out/a-dir.json"
+refused "--json $out/a-dir.json: cannot write it" --json "$out/a-dir.json"
+"$mpirun" --oversubscribe --timeout 100 -np 2 "$demo" "${args[@]}" --json "$out/no-such-dir/demo.json" > "$out/refused-np2.txt" 2>&1 \
+  && { echo "np 2: an unwritable --json was accepted:"; cat "$out/refused-np2.txt"; exit 1; }
+grep -qF "cannot write it" "$out/refused-np2.txt" || { echo "np 2: the --json error is not said:"; cat "$out/refused-np2.txt"; exit 1; }
+if grep -qF "summary" "$out/refused-np2.txt"; then echo "np 2: the run went on before --json was refused:"; cat "$out/refused-np2.txt"; exit 1; fi
 echo "bad options: refused, each naming its value"
 
 # ---- a corrupt shard in the store: reported, counted, exit non-zero --------
