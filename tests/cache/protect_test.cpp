@@ -24,6 +24,16 @@ constexpr uint32_t kNever = 600000;  // a grace no test run reaches: protection 
 
 class Protect : public ::testing::Test {
  protected:
+  // As Cache::release_local: the queue's threads, then the store (its
+  // completions run into the queue and rank 1's cache), then the queue. A
+  // task is done when its copy is, while the store thread that completed its
+  // load is still on its way out of the queue: the members' own order (the
+  // queue first) let that thread release a pin through a freed queue.
+  ~Protect() override {
+    if (queue_) queue_->stop();
+    store_.reset();
+    queue_.reset();
+  }
   void open(uint32_t grace_ms) {
     make_cache(params(kSlots, 0, 256, 4, 2), &tc_);
     tc_.ctrl.set_protect_grace_ms(grace_ms);
