@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
       if (m == Mode::kSolo) solo = o.node_loads;
       if (g_rank != 0) continue;
       std::string owners;
-      for (uint64_t v : o.owners) owners += (owners.empty() ? "" : ",") + std::to_string(v);
+      for (uint64_t v : o.owners) owners.append(owners.empty() ? "" : ",").append(std::to_string(v));
       const double balance = o.owner_min ? double(o.owner_max) / double(o.owner_min) : -1.0;
       std::printf("rep %u %-10s loads %6" PRIu64 "  per-unique %.3f  vs-solo %.3f  owners [%s] max/min %s  "
                   "no_space %" PRIu64 "  %.3f s\n",

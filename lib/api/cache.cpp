@@ -49,7 +49,7 @@ std::string describe_node_split(const NodeContext& n, uint32_t ranks_per_node) {
     std::vector<int> local(static_cast<size_t>(n.local_size)), in_world(local.size());
     for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<int>(i);
     if (MPI_Group_translate_ranks(node, n.local_size, local.data(), world, in_world.data()) == MPI_SUCCESS)
-      for (size_t i = 0; i < in_world.size(); ++i) ranks += (i ? "," : "") + std::to_string(in_world[i]);
+      for (size_t i = 0; i < in_world.size(); ++i) ranks.append(i ? "," : "").append(std::to_string(in_world[i]));
   }
   if (node != MPI_GROUP_NULL) MPI_Group_free(&node);
   if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
@@ -58,7 +58,7 @@ std::string describe_node_split(const NodeContext& n, uint32_t ranks_per_node) {
                 n.node_count, n.host.c_str(), n.local_size, ranks.c_str(), n.size,
                 ranks_per_node > 0 ? "shared memory, then ranks_per_node" : "shared memory (MPI_COMM_TYPE_SHARED)");
   std::string out = buf;
-  if (ranks_per_node > 0) out += "=" + std::to_string(ranks_per_node) + " (pretend nodes)";
+  if (ranks_per_node > 0) out.append("=").append(std::to_string(ranks_per_node)).append(" (pretend nodes)");
   return out;
 }
 

@@ -170,7 +170,7 @@ void set_value(ucm_config_t* c, const Tunable& t, int64_t v) {
 std::string bounds_text(const Tunable& t) {
   if (t.type == T::kEnum) {
     std::string s;
-    for (int i = 0; t.names[i]; ++i) s += (i ? "|" : "") + std::string(t.names[i]);
+    for (int i = 0; t.names[i]; ++i) s.append(i ? "|" : "").append(t.names[i]);
     return s;
   }
   std::string s = std::to_string(t.lo) + ".." + std::to_string(t.hi);
@@ -464,7 +464,7 @@ Result layout_from_config(const ucm_config_t& c, uint32_t local_size, CtrlParams
 
 std::string describe_config(const ucm_config_t& c) {
   std::string s;
-  for (const Tunable& t : kTable) s += (s.empty() ? "" : " ") + std::string(t.name) + "=" + tunable_text(c, t);
+  for (const Tunable& t : kTable) s.append(s.empty() ? "" : " ").append(t.name).append("=").append(tunable_text(c, t));
   return s;
 }
 

@@ -62,7 +62,7 @@ std::string node_list(uint64_t nodes) {
     while (e + 1 < 64 && ((nodes >> (e + 1)) & 1)) ++e;
     if (!s.empty()) s += ",";
     s += std::to_string(n);
-    if (e > n) s += "-" + std::to_string(e);
+    if (e > n) s.append("-").append(std::to_string(e));
     n = e;
   }
   return s.empty() ? "none" : s;

@@ -147,7 +147,7 @@ TEST_F(Dump, ADumpOfAKeyTheCacheHoldsWritesNothingNew) {
 TEST_F(Dump, AFailedWriteThroughIsABackendErrorButTheCachedCopyIsServed) {
   // Rank r dumps (31000 + r, 1), which the sim store refuses, and a good key.
   std::string spec = "sim:latency_us=100,fail_keys=";
-  for (int r = 0; r < world_size(); ++r) spec += (r ? "+" : "") + std::to_string(31000 + r) + ".1";
+  for (int r = 0; r < world_size(); ++r) spec.append(r ? "+" : "").append(std::to_string(31000 + r)).append(".1");
   ucm_config_t cfg = task_config(128, spec.c_str());
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;

@@ -66,7 +66,7 @@ TEST(Placement, BindingAThreadSetsItsAffinity) {
   });
   t.join();
   std::string want;
-  for (int c : p.cpus[1]) want += (want.empty() ? "" : ",") + std::to_string(c);
+  for (int c : p.cpus[1]) want.append(want.empty() ? "" : ",").append(std::to_string(c));
   // Consecutive PUs print as a range; compare as sets via the first and count.
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(std::to_string(p.cpus[1].front()), seen.substr(0, seen.find_first_of(",-"))) << seen << " vs " << want;
