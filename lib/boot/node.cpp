@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cinttypes>
 #include <cstring>
 
 #include "ctrl/layout.h"
 #include "common/log.h"
+#include "common/time.h"
 
 namespace ucm {
 namespace {
@@ -29,21 +31,53 @@ struct StatusMessage {
 
 }  // namespace
 
-Result collective_status(MPI_Comm comm, Result local) {
+Result wait_bounded(MPI_Request* req, uint64_t deadline_ns, const char* what) {
+  if (deadline_ns == kNoDeadline) return mpi_check(MPI_Wait(req, MPI_STATUS_IGNORE), what);
+  uint64_t nap = 20'000;
+  for (;;) {
+    int flag = 0;
+    UCM_CHECK(mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), what));
+    if (flag) return Result::kOk;
+    if (now_ns() >= deadline_ns)
+      return fail(Result::kTimeout, "%s did not complete by its deadline: a rank stopped calling MPI (died or stuck)",
+                  what);
+    sleep_for_ns(nap);
+    nap = std::min<uint64_t>(nap * 2, 1'000'000);
+  }
+}
+
+namespace {
+struct StatusExchange {
+  int mine = INT_MAX, first = INT_MAX;
+  StatusMessage m{};
+};
+}  // namespace
+
+Result collective_status(MPI_Comm comm, Result local, uint64_t deadline_ns) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  const int mine = local == Result::kOk ? INT_MAX : rank;
-  int first = INT_MAX;
-  UCM_MPI(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return Result::kOk;
-  StatusMessage m{};
-  if (rank == first) {
-    m.result = static_cast<int32_t>(local);
-    std::snprintf(m.text, sizeof(m.text), "%s", last_error().c_str());
+  const std::string mine = ok(local) ? std::string() : last_error();
+  // A collective given up on may still complete into its buffers: they are
+  // freed only once it has, and left allocated otherwise.
+  auto* s = new StatusExchange;
+  s->mine = ok(local) ? INT_MAX : rank;
+  MPI_Request q = MPI_REQUEST_NULL;
+  Result r = mpi_check(MPI_Iallreduce(&s->mine, &s->first, 1, MPI_INT, MPI_MIN, comm, &q), "MPI_Iallreduce");
+  if (ok(r)) r = wait_bounded(&q, deadline_ns, "the node's exchange of each rank's init status (MPI_Iallreduce)");
+  if (ok(r) && s->first != INT_MAX) {
+    if (rank == s->first) {
+      s->m.result = static_cast<int32_t>(local);
+      std::snprintf(s->m.text, sizeof(s->m.text), "%s", mine.c_str());
+    }
+    r = mpi_check(MPI_Ibcast(&s->m, sizeof(s->m), MPI_BYTE, s->first, comm, &q), "MPI_Ibcast");
+    if (ok(r)) r = wait_bounded(&q, deadline_ns, "the node's exchange of the first failing rank's message (MPI_Ibcast)");
   }
-  UCM_MPI(MPI_Bcast(&m, sizeof(m), MPI_BYTE, first, comm));
-  if (rank == first) return local;  // keep our own message as it is
-  return fail(static_cast<Result>(m.result), "rank %d: %s", first, m.text);
+  if (!ok(r)) return ok(local) ? r : fail(local, "%s; then %s", mine.c_str(), last_error().c_str());
+  const StatusExchange got = *s;
+  delete s;
+  if (got.first == INT_MAX) return Result::kOk;
+  if (rank == got.first) return local;  // keep our own message as it is
+  return fail(static_cast<Result>(got.m.result), "rank %d: %s", got.first, got.m.text);
 }
 
 Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out) {

@@ -9,11 +9,13 @@
 #include <mpi.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "boot/agreement.h"
 #include "common/result.h"
+#include "common/time.h"
 #include "sync/process_identity.h"
 #include "ucmcache/ucm.h"
 
@@ -55,7 +57,14 @@ bool mpi_finalized();
 
 // Every rank of `comm` learns whether all succeeded; if not, every rank
 // returns the first failing rank's result and message ("rank 3: ...").
-[[nodiscard]] Result collective_status(MPI_Comm comm, Result local);
+// With a deadline (init's steps pass timeout_ms), a rank that never joins
+// (SIGKILLed mid-init) is kTimeout there, or this rank's own failure with
+// that said, never a wait in MPI for good.
+[[nodiscard]] Result collective_status(MPI_Comm comm, Result local, uint64_t deadline_ns = kNoDeadline);
+// Waits for one nonblocking MPI request until deadline_ns (kNoDeadline:
+// MPI_Wait). Past it: kTimeout naming `what`; the request stays in flight,
+// so its buffers must outlive it (never freed).
+[[nodiscard]] Result wait_bounded(MPI_Request* req, uint64_t deadline_ns, const char* what);
 
 // The node's ranks compare every field of their records with local rank 0's;
 // a difference is the same error on each of them, naming the field, the
