@@ -98,7 +98,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
   MPI_Request barrier = MPI_REQUEST_NULL;
   if (MPI_Ibarrier(node_.node, &barrier) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
-  UCM_CHECK(agree(wait_bounded(&barrier, deadline_after_ms(config_.timeout_ms), "the node barrier at the end of init")));
+  UCM_CHECK(agree(wait_watching(&barrier, &node_.local_ids, "the node barrier at the end of init")));
   init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
   log_device_and_placement();
   return Result::kOk;
@@ -111,19 +111,10 @@ Result Cache::name_init_bound(Result r) const {
   return fail(r, "%s (timeout_ms %u bounds each step of init)", last_error().c_str(), config_.timeout_ms);
 }
 
-// An init step's status over every rank, bounded by timeout_ms: a rank that
-// died mid-init (SIGKILL) leaves the others an error naming it, not a wait
-// in MPI for good. Used from the first step that has a checked timeout_ms.
-Result Cache::agree(Result local) {
-  const Result r = collective_status(node_.comm, local, deadline_after_ms(config_.timeout_ms));
-  std::string dead;
-  for (size_t i = 0; r == Result::kTimeout && i < node_.local_ids.size(); ++i)
-    if (!is_alive(node_.local_ids[i]))
-      dead += (dead.empty() ? "" : ", ") + std::to_string(i) + " (pid " + std::to_string(node_.local_ids[i].pid) + ")";
-  if (!dead.empty())
-    return fail(Result::kPeerDead, "local rank(s) %s died during ucm_cache_init; %s", dead.c_str(), last_error().c_str());
-  return name_init_bound(r);
-}
+// An init step's status over every rank, watching the node's processes: a
+// rank that died mid-init (SIGKILL) leaves the others UCM_ERR_PEER_DEAD
+// naming it, not a wait in MPI for good. Used once the pids are known.
+Result Cache::agree(Result local) { return collective_status(node_.comm, local, &node_.local_ids); }
 
 // 1. The node communicators and the node's pids (boot/node.h).
 Result Cache::split_node(MPI_Comm comm) {
@@ -140,8 +131,8 @@ Result Cache::check_config_on_node(Result arg_error, const std::string& arg_mess
   // status in the next one (guarded), never a skipped collective.
   const Result mine = ok(arg_error) ? guarded("ucm_cache_init", [&] { return check_config(config_); })
                                     : fail(arg_error, "%s", arg_message.c_str());
-  UCM_CHECK(collective_status(node_.comm, mine));
-  UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, agreement(config_))));
+  UCM_CHECK(agree(mine));
+  UCM_CHECK(agree(agree_on_config(node_, agreement(config_))));
   // The bootstrap's decisions at UCM_LOG=info: once per node (local rank 0),
   // except the device and placement line at the end, one per rank.
   if (node_.local_rank == 0) {
@@ -272,7 +263,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
   MPI_Request q = MPI_REQUEST_NULL;
   if (MPI_Ibcast(sent, 1, MPI_UINT64_T, 0, node_.node, &q) != MPI_SUCCESS)
     return fail(Result::kSystem, "broadcasting the boot nonce failed");
-  UCM_CHECK(agree(wait_bounded(&q, deadline, "the broadcast of the boot nonce")));
+  UCM_CHECK(agree(wait_watching(&q, &node_.local_ids, "the broadcast of the boot nonce")));
   nonce = *sent;
   delete sent;
   r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);

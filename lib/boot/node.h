@@ -57,14 +57,16 @@ bool mpi_finalized();
 
 // Every rank of `comm` learns whether all succeeded; if not, every rank
 // returns the first failing rank's result and message ("rank 3: ...").
-// With a deadline (init's steps pass timeout_ms), a rank that never joins
-// (SIGKILLed mid-init) is kTimeout there, or this rank's own failure with
-// that said, never a wait in MPI for good.
-[[nodiscard]] Result collective_status(MPI_Comm comm, Result local, uint64_t deadline_ns = kNoDeadline);
-// Waits for one nonblocking MPI request until deadline_ns (kNoDeadline:
-// MPI_Wait). Past it: kTimeout naming `what`; the request stays in flight,
-// so its buffers must outlive it (never freed).
-[[nodiscard]] Result wait_bounded(MPI_Request* req, uint64_t deadline_ns, const char* what);
+// With `watch` (the node's ranks), the wait watches their processes: a local
+// rank that dies (SIGKILL mid-init) is kPeerDead naming it on every
+// survivor, never a wait in MPI for good. Live ranks are waited for as a
+// blocking collective would (giving up on a live one would leave the ranks
+// in different collectives).
+[[nodiscard]] Result collective_status(MPI_Comm comm, Result local,
+                                       const std::vector<ProcessIdentity>* watch = nullptr);
+// Waits for one nonblocking MPI request, as above (no watch: MPI_Wait). Given
+// up on, the request stays in flight: its buffers must outlive it.
+[[nodiscard]] Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what);
 
 // The node's ranks compare every field of their records with local rank 0's;
 // a difference is the same error on each of them, naming the field, the
