@@ -93,10 +93,12 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   // 6. Join, register, place, open the backend; threads that cannot be
   // created (a pids limit) are this rank's status like any other failure.
   const Result r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
-  UCM_CHECK(collective_status(node_.comm, name_init_bound(r)));
+  UCM_CHECK(agree(name_init_bound(r)));
   // 7. Fan-out's node communicator (collective: every rank calls it).
   if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
-  if (MPI_Barrier(node_.node) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
+  MPI_Request barrier = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(node_.node, &barrier) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
+  UCM_CHECK(agree(wait_watching(&barrier, &node_.local_ids, "the node barrier at the end of init")));
   init_seconds_ = static_cast<double>(now_ns() - init_start) / 1e9;
   log_device_and_placement();
   return Result::kOk;
@@ -108,6 +110,11 @@ Result Cache::name_init_bound(Result r) const {
   if (r != Result::kTimeout) return r;
   return fail(r, "%s (timeout_ms %u bounds each step of init)", last_error().c_str(), config_.timeout_ms);
 }
+
+// An init step's status over every rank, watching the node's processes: a
+// rank that died mid-init (SIGKILL) leaves the others UCM_ERR_PEER_DEAD
+// naming it, not a wait in MPI for good. Used once the pids are known.
+Result Cache::agree(Result local) { return collective_status(node_.comm, local, &node_.local_ids); }
 
 // 1. The node communicators and the node's pids (boot/node.h).
 Result Cache::split_node(MPI_Comm comm) {
@@ -124,8 +131,8 @@ Result Cache::check_config_on_node(Result arg_error, const std::string& arg_mess
   // status in the next one (guarded), never a skipped collective.
   const Result mine = ok(arg_error) ? guarded("ucm_cache_init", [&] { return check_config(config_); })
                                     : fail(arg_error, "%s", arg_message.c_str());
-  UCM_CHECK(collective_status(node_.comm, mine));
-  UCM_CHECK(collective_status(node_.comm, agree_on_config(node_, agreement(config_))));
+  UCM_CHECK(agree(mine));
+  UCM_CHECK(agree(agree_on_config(node_, agreement(config_))));
   // The bootstrap's decisions at UCM_LOG=info: once per node (local rank 0),
   // except the device and placement line at the end, one per rank.
   if (node_.local_rank == 0) {
@@ -157,7 +164,7 @@ Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
                   config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
     return layout_from_config(config_, static_cast<uint32_t>(node_.local_size), cp, dp);
   });
-  return collective_status(node_.comm, r);
+  return agree(r);
 }
 
 void Cache::log_device_and_placement() const {
@@ -250,11 +257,17 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
     if (ok(r)) r = server.listen_on(nonce);
   }
   // Everybody learns whether rank 0 could build the planes before anyone waits on its socket.
-  UCM_CHECK(collective_status(node_.comm, r));
-  if (MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, node_.node) != MPI_SUCCESS)
+  UCM_CHECK(agree(r));
+  // On the heap: a broadcast given up on (rank 0 died) may still land in it.
+  auto* sent = new uint64_t(nonce);
+  MPI_Request q = MPI_REQUEST_NULL;
+  if (MPI_Ibcast(sent, 1, MPI_UINT64_T, 0, node_.node, &q) != MPI_SUCCESS)
     return fail(Result::kSystem, "broadcasting the boot nonce failed");
+  UCM_CHECK(agree(wait_watching(&q, &node_.local_ids, "the broadcast of the boot nonce")));
+  nonce = *sent;
+  delete sent;
   r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);
-  return collective_status(node_.comm, name_init_bound(r));
+  return agree(name_init_bound(r));
 }
 
 // The data plane's NUMA placement (numa.h) follows the GPUs of every rank of

@@ -107,6 +107,7 @@ class Cache {
   Result choose_engine_and_layout(CtrlParams* cp, DataParams* dp);             // 3
   Result create_or_fetch_planes(const CtrlParams& cp, const DataParams& dp);  // 4-5
   Result name_init_bound(Result r) const;  // a kTimeout's message gains timeout_ms
+  Result agree(Result local);              // collective_status watching the node's processes
   void log_device_and_placement() const;  // init's last line, one per rank
   Result choose_data_numa(DataParams* dp);
   // Local rank 0 builds the planes (and the store's node state: store_bytes)

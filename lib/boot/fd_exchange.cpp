@@ -239,8 +239,8 @@ void receive_grant(int s, ReceivedFds* fds, Grant* g) {
 Result check_grant(const Grant& grant, uint64_t nonce, uint32_t seq, size_t fds_so_far, uint32_t expected_total) {
   const ssize_t n = grant.n;
   if (n <= 0)
-    return fail(n == 0 ? Result::kPeerDead : Result::kSystem, "local rank 0 closed the boot socket after %u of %u fds%s",
-                static_cast<uint32_t>(fds_so_far), expected_total, n < 0 ? strerror(grant.error) : "");
+    return fail(n == 0 ? Result::kPeerDead : Result::kSystem, "local rank 0 closed the boot socket after %u of %u fds%s%s",
+                static_cast<uint32_t>(fds_so_far), expected_total, n < 0 ? ": " : "", n < 0 ? strerror(grant.error) : "");
   if (grant.flags & (MSG_TRUNC | MSG_CTRUNC))
     return fail(Result::kCorrupt, "a boot message from local rank 0 was truncated (%s)",
                 (grant.flags & MSG_CTRUNC) ? "fds lost" : "payload cut");
@@ -274,7 +274,14 @@ Result receive_planes(int s, uint64_t nonce, bool want_data, const ProcessIdenti
     UCM_CHECK(wait_for_grant(s, server, deadline_ns));
     Grant grant;
     receive_grant(s, fds, &grant);
-    UCM_CHECK(check_grant(grant, nonce, seq, fds->size(), expected_total));
+    const Result checked = check_grant(grant, nonce, seq, fds->size(), expected_total);
+    // A reset or hang-up is rank 0's death when its process is going (its
+    // sockets close before it is a zombie: give that a moment).
+    for (int i = 0; !ok(checked) && grant.n <= 0 && i < 20 && is_alive(server); ++i) usleep(5000);
+    if (!ok(checked) && !is_alive(server))
+      return fail(Result::kPeerDead, "local rank 0 (pid %d) died while handing out the cache (%s)", server.pid,
+                  last_error().c_str());
+    UCM_CHECK(checked);
     if (seq == 0) {
       std::memcpy(desc, grant.buf + sizeof(WireHeader), sizeof(*desc));
       expected_total = desc->total_fds;

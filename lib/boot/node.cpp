@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cinttypes>
 #include <cstring>
 
 #include "ctrl/layout.h"
 #include "common/log.h"
+#include "common/time.h"
 
 namespace ucm {
 namespace {
@@ -22,6 +24,8 @@ Result mpi_check(int rc, const char* what) {
 
 #define UCM_MPI(call) UCM_CHECK(mpi_check((call), #call))
 
+constexpr uint64_t kWatchSliceNs = 50'000'000;
+
 struct StatusMessage {
   int32_t result;
   char text[500];
@@ -29,21 +33,59 @@ struct StatusMessage {
 
 }  // namespace
 
-Result collective_status(MPI_Comm comm, Result local) {
+Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what) {
+  if (!watch) return mpi_check(MPI_Wait(req, MPI_STATUS_IGNORE), what);
+  uint64_t nap = 20'000, next_look = now_ns() + kWatchSliceNs;
+  for (;;) {
+    int flag = 0;
+    UCM_CHECK(mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), what));
+    if (flag) return Result::kOk;
+    if (now_ns() >= next_look) {
+      std::string dead;
+      for (size_t i = 0; i < watch->size(); ++i)
+        if (!is_alive((*watch)[i]))
+          dead += (dead.empty() ? "" : ", ") + std::to_string(i) + " (pid " + std::to_string((*watch)[i].pid) + ")";
+      if (!dead.empty())
+        return fail(Result::kPeerDead, "local rank(s) %s died during ucm_cache_init, in %s", dead.c_str(), what);
+      next_look = now_ns() + kWatchSliceNs;
+    }
+    sleep_for_ns(nap);
+    nap = std::min<uint64_t>(nap * 2, 1'000'000);
+  }
+}
+
+namespace {
+struct StatusExchange {
+  int mine = INT_MAX, first = INT_MAX;
+  StatusMessage m{};
+};
+}  // namespace
+
+Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessIdentity>* watch) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  const int mine = local == Result::kOk ? INT_MAX : rank;
-  int first = INT_MAX;
-  UCM_MPI(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return Result::kOk;
-  StatusMessage m{};
-  if (rank == first) {
-    m.result = static_cast<int32_t>(local);
-    std::snprintf(m.text, sizeof(m.text), "%s", last_error().c_str());
+  const std::string mine = ok(local) ? std::string() : last_error();
+  // A collective given up on may still complete into its buffers: they are
+  // freed only once it has, and left allocated otherwise.
+  auto* s = new StatusExchange;
+  s->mine = ok(local) ? INT_MAX : rank;
+  MPI_Request q = MPI_REQUEST_NULL;
+  Result r = mpi_check(MPI_Iallreduce(&s->mine, &s->first, 1, MPI_INT, MPI_MIN, comm, &q), "MPI_Iallreduce");
+  if (ok(r)) r = wait_watching(&q, watch, "the node's exchange of each rank's init status (MPI_Iallreduce)");
+  if (ok(r) && s->first != INT_MAX) {
+    if (rank == s->first) {
+      s->m.result = static_cast<int32_t>(local);
+      std::snprintf(s->m.text, sizeof(s->m.text), "%s", mine.c_str());
+    }
+    r = mpi_check(MPI_Ibcast(&s->m, sizeof(s->m), MPI_BYTE, s->first, comm, &q), "MPI_Ibcast");
+    if (ok(r)) r = wait_watching(&q, watch, "the node's exchange of the first failing rank's message (MPI_Ibcast)");
   }
-  UCM_MPI(MPI_Bcast(&m, sizeof(m), MPI_BYTE, first, comm));
-  if (rank == first) return local;  // keep our own message as it is
-  return fail(static_cast<Result>(m.result), "rank %d: %s", first, m.text);
+  if (!ok(r)) return fail(r, "%s%s%s", last_error().c_str(), ok(local) ? "" : "; before that, this rank: ", mine.c_str());
+  const StatusExchange got = *s;
+  delete s;
+  if (got.first == INT_MAX) return Result::kOk;
+  if (rank == got.first) return local;  // keep our own message as it is
+  return fail(static_cast<Result>(got.m.result), "rank %d: %s", got.first, got.m.text);
 }
 
 Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out) {

@@ -9,11 +9,13 @@
 #include <mpi.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "boot/agreement.h"
 #include "common/result.h"
+#include "common/time.h"
 #include "sync/process_identity.h"
 #include "ucmcache/ucm.h"
 
@@ -55,7 +57,16 @@ bool mpi_finalized();
 
 // Every rank of `comm` learns whether all succeeded; if not, every rank
 // returns the first failing rank's result and message ("rank 3: ...").
-[[nodiscard]] Result collective_status(MPI_Comm comm, Result local);
+// With `watch` (the node's ranks), the wait watches their processes: a local
+// rank that dies (SIGKILL mid-init) is kPeerDead naming it on every
+// survivor, never a wait in MPI for good. Live ranks are waited for as a
+// blocking collective would (giving up on a live one would leave the ranks
+// in different collectives).
+[[nodiscard]] Result collective_status(MPI_Comm comm, Result local,
+                                       const std::vector<ProcessIdentity>* watch = nullptr);
+// Waits for one nonblocking MPI request, as above (no watch: MPI_Wait). Given
+// up on, the request stays in flight: its buffers must outlive it.
+[[nodiscard]] Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what);
 
 // The node's ranks compare every field of their records with local rank 0's;
 // a difference is the same error on each of them, naming the field, the

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A rank SIGKILLed inside ucm_cache_init (while local rank 0 builds the
+# planes, and during the fd exchange), inside ucm_cache_finalize, and during
+# a dump's write-through to a posix store: every survivor's call ends within
+# its bound with a clear result, and the keys load right afterwards (also in
+# a fresh job over the same store). See kill_in_phase.c.
+# usage: kill_in_phase.sh MPIRUN PROGRAM
+set -u
+mpirun=$1 prog=$2
+fail=0
+# run NP EXPECTED_OKS ARGS...: --enable-recovery keeps the survivors running.
+run() {
+  local np=$1 want=$2
+  shift 2
+  local out oks
+  out=$("$mpirun" --oversubscribe --enable-recovery --timeout 60 -np "$np" "$prog" "$@" 2>&1)
+  echo "$out" | grep -E "^rank [0-9]+: (init|finalize|re-dump|keys|ok|WRONG|HANG)" | cut -c1-240
+  oks=$(echo "$out" | grep -c "^rank [0-9]*: ok$")
+  if [ "$oks" -ne "$want" ]; then
+    echo "FAIL: $*: $oks of $want survivors right"
+    fail=1
+  fi
+}
+for when in planes socket socket+2000; do
+  for victim in 0 3; do run 4 3 init "$when" "$victim"; done
+done
+for delay in 0 1000 5000; do run 3 2 finalize "$delay" 1; done
+store=$(mktemp -d /tmp/ucm-kill-in-phase-XXXXXX)
+trap 'rm -rf "$store"' EXIT
+for delay in 5000 30000; do
+  rm -f "$store"/*
+  run 3 2 posixdump "$delay" 2 "$store"
+  run 2 2 posixcheck 0 -1 "$store"
+done
+[ "$fail" -eq 0 ] && echo "ok: survivors of a rank killed in init, finalize or a write-through end bounded and load right"
+exit "$fail"
