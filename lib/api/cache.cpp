@@ -263,7 +263,10 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
   MPI_Request q = MPI_REQUEST_NULL;
   if (MPI_Ibcast(sent, 1, MPI_UINT64_T, 0, node_.node, &q) != MPI_SUCCESS)
     return fail(Result::kSystem, "broadcasting the boot nonce failed");
-  UCM_CHECK(agree(wait_watching(&q, &node_.local_ids, "the broadcast of the boot nonce")));
+  if (const Result b = agree(wait_watching(&q, &node_.local_ids, "the broadcast of the boot nonce")); !ok(b)) {
+    keep_for_abandoned_collective(sent);
+    return b;
+  }
   nonce = *sent;
   delete sent;
   r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cinttypes>
 #include <cstring>
+#include <mutex>
 
 #include "ctrl/layout.h"
 #include "common/log.h"
@@ -44,7 +45,8 @@ Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch
       std::string dead;
       for (size_t i = 0; i < watch->size(); ++i)
         if (!is_alive((*watch)[i]))
-          dead += (dead.empty() ? "" : ", ") + std::to_string(i) + " (pid " + std::to_string((*watch)[i].pid) + ")";
+          dead.append(dead.empty() ? "" : ", ").append(std::to_string(i)).append(" (pid ")
+              .append(std::to_string((*watch)[i].pid)).append(")");
       if (!dead.empty())
         return fail(Result::kPeerDead, "local rank(s) %s died during ucm_cache_init, in %s", dead.c_str(), what);
       next_look = now_ns() + kWatchSliceNs;
@@ -60,6 +62,13 @@ struct StatusExchange {
   StatusMessage m{};
 };
 }  // namespace
+
+void keep_for_abandoned_collective(void* buffer) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<void*>();  // never freed: reachable, not a leak
+  std::lock_guard<std::mutex> g(mu);
+  kept->push_back(buffer);
+}
 
 Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessIdentity>* watch) {
   int rank = 0;
@@ -80,7 +89,10 @@ Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessI
     r = mpi_check(MPI_Ibcast(&s->m, sizeof(s->m), MPI_BYTE, s->first, comm, &q), "MPI_Ibcast");
     if (ok(r)) r = wait_watching(&q, watch, "the node's exchange of the first failing rank's message (MPI_Ibcast)");
   }
-  if (!ok(r)) return fail(r, "%s%s%s", last_error().c_str(), ok(local) ? "" : "; before that, this rank: ", mine.c_str());
+  if (!ok(r)) {
+    keep_for_abandoned_collective(s);
+    return fail(r, "%s%s%s", last_error().c_str(), ok(local) ? "" : "; before that, this rank: ", mine.c_str());
+  }
   const StatusExchange got = *s;
   delete s;
   if (got.first == INT_MAX) return Result::kOk;

@@ -67,6 +67,9 @@ bool mpi_finalized();
 // Waits for one nonblocking MPI request, as above (no watch: MPI_Wait). Given
 // up on, the request stays in flight: its buffers must outlive it.
 [[nodiscard]] Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what);
+// Keeps a collective's buffer that was given up on (it may still be written)
+// for the life of the process, reachable (LeakSanitizer reports none).
+void keep_for_abandoned_collective(void* buffer);
 
 // The node's ranks compare every field of their records with local rank 0's;
 // a difference is the same error on each of them, naming the field, the
