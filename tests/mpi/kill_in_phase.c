@@ -43,16 +43,22 @@
 #define TIMEOUT_MS 3000u
 
 static uint32_t shard_bytes = 64u << 10;
-static volatile const char* in_call = "";
-static volatile double call_until = 0;
+/* The call being bounded, and until when: the watchdog's, under watch_mu. */
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static const char* in_call = "";
+static double call_until = 0;
 static int my_rank = 0;
 
 static void* watchdog(void* arg) {
   (void)arg;
   for (;;) {
     usleep(20 * 1000);
-    if (call_until > 0 && now_ms() > call_until) {
-      printf("rank %d: HANG in %s\n", my_rank, (const char*)in_call);
+    pthread_mutex_lock(&watch_mu);
+    const char* call = in_call;
+    const double until = call_until;
+    pthread_mutex_unlock(&watch_mu);
+    if (until > 0 && now_ms() > until) {
+      printf("rank %d: HANG in %s\n", my_rank, call);
       fflush(stdout);
       _exit(2);
     }
@@ -61,8 +67,11 @@ static void* watchdog(void* arg) {
 }
 
 static void bound(const char* call, double ms) {
+  const double until = ms > 0 ? now_ms() + ms : 0;
+  pthread_mutex_lock(&watch_mu);
   in_call = call;
-  call_until = ms > 0 ? now_ms() + ms : 0;
+  call_until = until;
+  pthread_mutex_unlock(&watch_mu);
 }
 
 /* When the victim's killer fires: DELAY_US after it is armed, or (init) at a

@@ -17,7 +17,8 @@ run() {
   echo "$out" | grep -E "^rank [0-9]+: (init|finalize|re-dump|keys|ok|WRONG|HANG)" | cut -c1-240
   oks=$(echo "$out" | grep -c "^rank [0-9]*: ok$")
   if [ "$oks" -ne "$want" ]; then
-    echo "FAIL: $*: $oks of $want survivors right"
+    echo "FAIL: $*: $oks of $want survivors right; the job's last lines:"
+    echo "$out" | tail -n 20 | sed 's/^/    /'
     fail=1
   fi
 }
