@@ -121,8 +121,8 @@ Result Cache::split_node(MPI_Comm comm) {
   const Result setup = node_setup(comm, config_.ranks_per_node <= kMaxRanks ? config_.ranks_per_node : 0, &node_);
   if (node_.comm == MPI_COMM_NULL) return setup;  // MPI itself failed: nothing collective is possible
   log_set_rank(node_.local_rank);
-  // One node's failure (too many ranks) is every node's.
-  return collective_status(node_.comm, setup);
+  // One node's failure (too many ranks, a rank that died) is every node's.
+  return collective_status(node_.comm, setup, node_.local_ids.empty() ? nullptr : &node_.local_ids);
 }
 
 // 2. The caller's arguments and the config, alone and then against the node's.
@@ -245,7 +245,7 @@ Result Cache::open_rank() {
 Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& layout) {
   const uint64_t deadline = deadline_after_ms(config_.timeout_ms);
   DataParams dp = layout;
-  UCM_CHECK(choose_data_numa(&dp));
+  UCM_CHECK(agree(choose_data_numa(&dp)));
   uint64_t nonce = 0;
   FdServer server;
   // Every rank sizes the store's node state from the spec all ranks agreed on.
@@ -258,17 +258,7 @@ Result Cache::create_or_fetch_planes(const CtrlParams& cp, const DataParams& lay
   }
   // Everybody learns whether rank 0 could build the planes before anyone waits on its socket.
   UCM_CHECK(agree(r));
-  // On the heap: a broadcast given up on (rank 0 died) may still land in it.
-  auto* sent = new uint64_t(nonce);
-  MPI_Request q = MPI_REQUEST_NULL;
-  if (MPI_Ibcast(sent, 1, MPI_UINT64_T, 0, node_.node, &q) != MPI_SUCCESS)
-    return fail(Result::kSystem, "broadcasting the boot nonce failed");
-  if (const Result b = agree(wait_watching(&q, &node_.local_ids, "the broadcast of the boot nonce")); !ok(b)) {
-    keep_for_abandoned_collective(sent);
-    return b;
-  }
-  nonce = *sent;
-  delete sent;
+  UCM_CHECK(agree(bcast_watching(&nonce, sizeof(nonce), node_, "the broadcast of the boot nonce")));
   r = node_.local_rank == 0 ? serve_planes(&server, dp, deadline) : fetch_planes_of_rank0(cp, dp, nonce, store_bytes, deadline);
   return agree(name_init_bound(r));
 }
@@ -280,9 +270,18 @@ Result Cache::choose_data_numa(DataParams* dp) {
   uint32_t gpus = 0;
   std::string note;
   const uint64_t mine = scheduler() ? 0 : gpu_numa_nodes("/sys", &gpus, &note);
-  uint64_t all = 0;
-  if (MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_BOR, node_.node) != MPI_SUCCESS)
+  auto* both = new uint64_t[2]{mine, 0};  // on the heap: a reduction given up on may still land
+  MPI_Request q = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(&both[0], &both[1], 1, MPI_UINT64_T, MPI_BOR, node_.node, &q) != MPI_SUCCESS) {
+    delete[] both;
     return fail(Result::kSystem, "reducing the GPUs' NUMA nodes over the node failed");
+  }
+  if (const Result r = wait_watching(&q, &node_.local_ids, "reducing the GPUs' NUMA nodes over the node"); !ok(r)) {
+    keep_for_abandoned_collective(both);
+    return r;
+  }
+  const uint64_t all = both[1];
+  delete[] both;
   dp->numa = choose_numa_policy(all, memory_numa_nodes("/sys"));
   if (node_.local_rank == 0) UCM_INFO(kData, "NUMA: this rank sees %s; data plane policy %s (%s)", note.c_str(),
                                       describe_numa(dp->numa.mode, dp->numa.nodes).c_str(), dp->numa.why.c_str());

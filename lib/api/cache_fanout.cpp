@@ -37,7 +37,7 @@ Result Cache::open_fanout() {
   int64_t stall_rank = -1;
   uint64_t stall_turn = 0;
   if (ok(local)) local = fanout_test_stall_from_env(&stall_rank, &stall_turn);
-  UCM_CHECK(collective_status(node_.node, local));
+  UCM_CHECK(collective_status(node_.node, local, &node_.local_ids));
 
   FanoutOptions o;
   o.mode = static_cast<uint32_t>(config_.fanout);
@@ -50,18 +50,16 @@ Result Cache::open_fanout() {
   if (nccl) {
 #if UCM_HAVE_NCCL
     auto share = [this](void* id, size_t bytes) {
-      if (MPI_Bcast(id, static_cast<int>(bytes), MPI_BYTE, 0, node_.node) != MPI_SUCCESS)
-        return fail(Result::kSystem, "broadcasting the NCCL unique id over the node communicator failed");
-      return Result::kOk;
+      return bcast_watching(id, bytes, node_, "broadcasting the NCCL unique id");
     };
-    auto agree = [this](Result r) { return collective_status(node_.node, r); };
+    auto agree = [this](Result r) { return collective_status(node_.node, r, &node_.local_ids); };
     UCM_CHECK(make_nccl_collective(static_cast<uint32_t>(node_.local_rank), static_cast<uint32_t>(node_.local_size),
                                    device_id_, share, agree, deadline_after_ms(config_.timeout_ms), &coll));
 #else
     return fail(Result::kUnsupported, "UCM_FANOUT=nccl: this library was built without NCCL (meson -Dnccl)");
 #endif
   } else {
-    UCM_CHECK(collective_status(node_.node, make_mpi_collective(node_.node, &coll)));
+    UCM_CHECK(collective_status(node_.node, make_mpi_collective(node_.node, &node_.local_ids, &coll), &node_.local_ids));
   }
   fanout_ = std::make_unique<Fanout>(queue_.get(), std::move(coll), o);
   UCM_CHECK(fanout_->start());

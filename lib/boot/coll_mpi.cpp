@@ -123,13 +123,25 @@ class MpiCollective final : public Collective {
 
 }  // namespace
 
-Result make_mpi_collective(MPI_Comm node, std::unique_ptr<Collective>* out) {
+Result make_mpi_collective(MPI_Comm node, const std::vector<ProcessIdentity>* watch, std::unique_ptr<Collective>* out) {
   int level = MPI_THREAD_SINGLE;
   if (MPI_Query_thread(&level) != MPI_SUCCESS) return fail(Result::kSystem, "MPI_Query_thread failed");
   // Every rank duplicates (collective); the level check comes after, so a rank
   // that refuses does not leave the others in MPI_Comm_dup.
-  MPI_Comm dup = MPI_COMM_NULL;
-  if (MPI_Comm_dup(node, &dup) != MPI_SUCCESS) return fail(Result::kSystem, "MPI_Comm_dup of the node communicator failed");
+  // On the heap: a duplication given up on (a peer died) may still complete into it.
+  auto* made = new MPI_Comm(MPI_COMM_NULL);
+  MPI_Request q = MPI_REQUEST_NULL;
+  if (MPI_Comm_idup(node, made, &q) != MPI_SUCCESS) {
+    delete made;
+    return fail(Result::kSystem, "MPI_Comm_idup of the node communicator failed");
+  }
+  if (const Result r = wait_watching(&q, watch, "duplicating the node communicator for the fan-out (MPI_Comm_idup)");
+      !ok(r)) {
+    keep_for_abandoned_collective(made);
+    return r;
+  }
+  MPI_Comm dup = *made;
+  delete made;
   int rank = 0, size = 0;
   MPI_Comm_rank(dup, &rank);
   MPI_Comm_size(dup, &size);

@@ -27,6 +27,19 @@ Result mpi_check(int rc, const char* what) {
 
 constexpr uint64_t kWatchSliceNs = 50'000'000;
 
+// A collective given up on (a peer died) may still complete into its
+// buffers: they live on the heap, freed only once it has completed.
+struct NodeNumbering {
+  int leader = 0, before = 0, id = 0, count = 0;
+};
+
+// An allgather's buffers: each rank's `send`, everybody's in `recv`.
+struct Gathered {
+  Gathered(size_t bytes, int ranks) : send(bytes), recv(bytes * static_cast<size_t>(ranks)) {}
+  Result run(const NodeContext& n, const char* what);
+  std::vector<char> send, recv;
+};
+
 struct StatusMessage {
   int32_t result;
   char text[500];
@@ -100,6 +113,50 @@ Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessI
   return fail(static_cast<Result>(got.m.result), "rank %d: %s", got.first, got.m.text);
 }
 
+namespace {
+// Node ids: the nodes numbered by their local rank 0, in rank order (over
+// every rank, watching this node's).
+Result number_nodes(NodeContext* n) {
+  auto* ids = new NodeNumbering;
+  ids->leader = n->local_rank == 0 ? 1 : 0;
+  MPI_Request q = MPI_REQUEST_NULL;
+  Result r = mpi_check(MPI_Iexscan(&ids->leader, &ids->before, 1, MPI_INT, MPI_SUM, n->comm, &q), "MPI_Iexscan");
+  if (ok(r)) r = wait_watching(&q, &n->local_ids, "numbering the nodes (MPI_Iexscan)");
+  if (ok(r)) {
+    if (n->rank == 0) ids->before = 0;  // MPI_Exscan leaves rank 0's result undefined
+    ids->id = n->local_rank == 0 ? ids->before : 0;
+    r = mpi_check(MPI_Ibcast(&ids->id, 1, MPI_INT, 0, n->node, &q), "MPI_Ibcast");
+  }
+  if (ok(r)) r = wait_watching(&q, &n->local_ids, "numbering the nodes (MPI_Ibcast)");
+  if (ok(r)) r = mpi_check(MPI_Iallreduce(&ids->leader, &ids->count, 1, MPI_INT, MPI_SUM, n->comm, &q), "MPI_Iallreduce");
+  if (ok(r)) r = wait_watching(&q, &n->local_ids, "counting the nodes (MPI_Iallreduce)");
+  if (!ok(r)) {
+    keep_for_abandoned_collective(ids);
+    return r;
+  }
+  n->node_id = ids->id;
+  n->node_count = ids->count;
+  delete ids;
+  return Result::kOk;
+}
+}  // namespace
+
+Result bcast_watching(void* buf, size_t bytes, const NodeContext& n, const char* what) {
+  auto* sent = new std::vector<char>(static_cast<const char*>(buf), static_cast<const char*>(buf) + bytes);
+  MPI_Request q = MPI_REQUEST_NULL;
+  if (MPI_Ibcast(sent->data(), static_cast<int>(bytes), MPI_BYTE, 0, n.node, &q) != MPI_SUCCESS) {
+    delete sent;
+    return fail(Result::kSystem, "%s over the node communicator failed (MPI_Ibcast)", what);
+  }
+  if (const Result r = wait_watching(&q, &n.local_ids, what); !ok(r)) {
+    keep_for_abandoned_collective(sent);
+    return r;
+  }
+  std::memcpy(buf, sent->data(), bytes);
+  delete sent;
+  return Result::kOk;
+}
+
 Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out) {
   NodeContext n;
   UCM_MPI(MPI_Comm_dup(user_comm, &n.comm));
@@ -122,20 +179,19 @@ Result node_setup(MPI_Comm user_comm, uint32_t ranks_per_node, NodeContext* out)
   MPI_Comm_rank(n.node, &n.local_rank);
   MPI_Comm_size(n.node, &n.local_size);
 
-  // Node ids: number the nodes by their local rank 0, in rank order.
-  const int leader = n.local_rank == 0 ? 1 : 0;
-  int before = 0;
-  UCM_MPI(MPI_Exscan(&leader, &before, 1, MPI_INT, MPI_SUM, n.comm));
-  if (n.rank == 0) before = 0;  // MPI_Exscan leaves rank 0's result undefined
-  int my_id = n.local_rank == 0 ? before : 0;
-  UCM_MPI(MPI_Bcast(&my_id, 1, MPI_INT, 0, n.node));
-  n.node_id = my_id;
-  UCM_MPI(MPI_Allreduce(&leader, &n.node_count, 1, MPI_INT, MPI_SUM, n.comm));
-
+  // The node's pids first: every collective after this one watches them, so
+  // a local rank killed in it is kPeerDead on the survivors, not a wait in
+  // MPI for good. The split and this gather cannot be watched (MPI has no
+  // nonblocking split, and no pid is known before it).
   const ProcessIdentity self = self_identity();
   n.local_ids.resize(n.local_size);
   UCM_MPI(MPI_Allgather(&self, sizeof(self), MPI_BYTE, n.local_ids.data(), sizeof(self), MPI_BYTE, n.node));
   for (const ProcessIdentity& id : n.local_ids) n.local_pids.push_back(id.pid);
+
+  if (const Result r = number_nodes(&n); !ok(r)) {
+    *out = std::move(n);
+    return r;
+  }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   n.host = host;
@@ -181,22 +237,46 @@ void node_teardown(NodeContext* n) {
   if (n->comm != MPI_COMM_NULL) MPI_Comm_free(&n->comm);
 }
 
+// One MPI_Iallgather over the node, watching its processes. `send` and
+// `recv` are on the heap: given up on, the gather may still land, and they
+// are kept for good.
+Result Gathered::run(const NodeContext& n, const char* what) {
+  MPI_Request q = MPI_REQUEST_NULL;
+  Result r = mpi_check(MPI_Iallgather(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
+                                      static_cast<int>(send.size()), MPI_BYTE, n.node, &q),
+                       what);
+  if (ok(r)) r = wait_watching(&q, &n.local_ids, what);
+  return r;
+}
+
 Result agree_on_config(const NodeContext& n, const Agreement& a) {
-  const AgreementRecord& mine = a.record;
+  const size_t record = sizeof(AgreementRecord);
+  auto* g = new Gathered(record, n.local_size);
+  std::memcpy(g->send.data(), &a.record, record);
+  if (const Result r = g->run(n, "the node's comparison of its configs (MPI_Iallgather)"); !ok(r)) {
+    keep_for_abandoned_collective(g);
+    return r;
+  }
   std::vector<AgreementRecord> all(n.local_size);
-  UCM_MPI(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, n.node));
+  std::memcpy(all.data(), g->recv.data(), g->recv.size());
+  delete g;
   const size_t backend_bytes = a.backend_bytes;
-  const int bytes = static_cast<int>(backend_bytes);
   for (int r = 1; r < n.local_size; ++r) {
     for (int f = 0; f < AgreementRecord::kFields; ++f) {
       if (all[r].values[f] == all[0].values[f]) continue;
       if (std::strcmp(a.field_name(f), "backend") == 0) {
         // Compare the text itself to say what differs.
-        std::vector<char> specs(static_cast<size_t>(n.local_size) * backend_bytes);
-        UCM_MPI(MPI_Allgather(a.backend, bytes, MPI_CHAR, specs.data(), bytes, MPI_CHAR, n.node));
+        auto* specs = new Gathered(backend_bytes, n.local_size);
+        std::memcpy(specs->send.data(), a.backend, backend_bytes);
+        if (const Result got = specs->run(n, "the node's comparison of its backend specs (MPI_Iallgather)"); !ok(got)) {
+          keep_for_abandoned_collective(specs);
+          return got;
+        }
+        const std::string first(specs->recv.data()), theirs(specs->recv.data() + static_cast<size_t>(r) * backend_bytes);
+        delete specs;
         return fail(Result::kConfigMismatch,
                     "config field backend differs on node %d: local rank 0 has \"%s\", local rank %d has \"%s\"",
-                    n.node_id, specs.data(), r, specs.data() + static_cast<size_t>(r) * backend_bytes);
+                    n.node_id, first.c_str(), r, theirs.c_str());
       }
       return fail(Result::kConfigMismatch,
                   "config field %s differs on node %d: local rank 0 has %" PRIu64 ", local rank %d has %" PRIu64,

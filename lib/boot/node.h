@@ -67,6 +67,9 @@ bool mpi_finalized();
 // Waits for one nonblocking MPI request, as above (no watch: MPI_Wait). Given
 // up on, the request stays in flight: its buffers must outlive it.
 [[nodiscard]] Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what);
+// Local rank 0's `bytes` at `buf` to every rank of n.node (MPI_Ibcast of a
+// heap copy, watching the node's processes: see wait_watching).
+[[nodiscard]] Result bcast_watching(void* buf, size_t bytes, const NodeContext& n, const char* what);
 // Keeps a collective's buffer that was given up on (it may still be written)
 // for the life of the process, reachable (LeakSanitizer reports none).
 void keep_for_abandoned_collective(void* buffer);

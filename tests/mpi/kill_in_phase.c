@@ -11,6 +11,9 @@
  *       3 x timeout_ms + 5 s): UCM_OK (the victim died after the
  *       node met, then the cache works) or UCM_ERR_PEER_DEAD naming the
  *       victim's pid. Before these fixes they waited in MPI for good.
+ *       WHEN "mpi:NAME:N": the victim dies entering init's Nth MPI call
+ *       NAME (kill_at_mpi_call.h), the same outcomes; "mpitrace" (VICTIM
+ *       -1): every rank prints the MPI calls of its init, nobody dies.
  *   kill_in_phase finalize DELAY_US VICTIM  the victim dies inside
  *       ucm_cache_finalize. The survivors then load every key (right
  *       bytes) and finalize: UCM_OK or UCM_ERR_PEER_DEAD, bounded.
@@ -37,6 +40,7 @@
 
 #include "c_config.h"
 #include "c_proc.h"
+#include "kill_at_mpi_call.h"
 #include "ucmcache/ucm.h"
 
 #define NKEYS 16
@@ -223,12 +227,29 @@ static void wait_gone(pid_t pid) {
   while (!gone(pid) && now_ms() < until) usleep(1000);
 }
 
+/* "mpi:NAME:N": the victim dies entering init's Nth MPI call NAME;
+ * "mpitrace": every rank prints init's MPI calls, nobody dies. */
+static int arm_mpi_call(int victim) {
+  static char name[64];
+  int nth = 0;
+  if (strcmp(trigger, "mpitrace") == 0) {
+    kill_at_mpi_call_set(NULL, 0);
+    kill_at_mpi_call_arm(my_rank, 1);
+    return 1;
+  }
+  if (sscanf(trigger, "mpi:%63[A-Za-z_]:%d", name, &nth) != 2) return 0;
+  kill_at_mpi_call_set(name, nth);
+  kill_at_mpi_call_arm(my_rank, my_rank == victim);
+  return 1;
+}
+
 static int phase_init(const ucm_config_t* cfg, long delay_us, int victim) {
-  if (my_rank == victim) arm_killer(delay_us);
+  if (!arm_mpi_call(victim) && my_rank == victim) arm_killer(delay_us);
   ucm_cache_t c = NULL;
   bound("ucm_cache_init", 3 * TIMEOUT_MS + 5000);
   const double t0 = now_ms();
   const ucm_result_t r = ucm_cache_init(MPI_COMM_WORLD, cfg, &c);
+  kill_at_mpi_call_arm(my_rank, 0);
   bound("", 0);
   if (my_rank == victim) pause();
   printf("rank %d: init=%s ms=%.0f msg=%s\n", my_rank, ucm_result_string(r), now_ms() - t0,

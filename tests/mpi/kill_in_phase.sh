@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rank SIGKILLed inside ucm_cache_init (while local rank 0 builds the
-# planes, and during the fd exchange), inside ucm_cache_finalize, and during
+# planes, during the fd exchange, entering each MPI call), inside ucm_cache_finalize, and during
 # a dump's write-through to a posix store: every survivor's call ends within
 # its bound with a clear result, and the keys load right afterwards (also in
 # a fresh job over the same store). See kill_in_phase.c.
@@ -25,6 +25,28 @@ run() {
 for when in planes socket socket+2000; do
   for victim in 0 3; do run 4 3 init "$when" "$victim"; done
 done
+# A death entering each MPI call of init, found by tracing one init. The
+# node split and the gather of the node's pids come first and cannot be
+# watched (MPI has no nonblocking split; no pid is known before the
+# gather): a death there still waits in MPI, as any collective of the app
+# would. Every call after them is killed in, by local rank 0 or 2 in turn.
+trace=$("$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 | sed -n 's/^rank 1: mpi-call //p')
+unwatched=$(echo "$trace" | sed -n '1,/^MPI_Allgather 1$/p' | tr '\n' ' ')
+if [ "$unwatched" != "MPI_Comm_dup 1 MPI_Comm_split_type 1 MPI_Comm_split 1 MPI_Allgather 1 " ]; then
+  echo "FAIL: init's MPI calls begin \"$unwatched\", not the split and the pid gather; the trace:"
+  echo "$trace" | sed 's/^/    /'
+  fail=1
+fi
+calls=0 victim=0
+while read -r name nth; do
+  run 3 2 init "mpi:$name:$nth" "$victim" </dev/null
+  calls=$((calls + 1)) victim=$((2 - victim))
+done < <(echo "$trace" | sed '1,/^MPI_Allgather 1$/d')
+if [ "$calls" -lt 10 ]; then
+  echo "FAIL: only $calls MPI calls of init traced after the pid gather"
+  fail=1
+fi
+echo "killed a rank entering each of $calls MPI calls of init"
 for delay in 0 1000 5000; do run 3 2 finalize "$delay" 1; done
 store=$(mktemp -d /tmp/ucm-kill-in-phase-XXXXXX)
 trap 'rm -rf "$store"' EXIT
