@@ -95,7 +95,7 @@ Result Cache::init(MPI_Comm comm, const ucm_config_t& config, Result arg_error) 
   const Result r = guarded("ucm_cache_init: joining, opening the backend, starting threads", [&] { return open_rank(); });
   UCM_CHECK(agree(name_init_bound(r)));
   // 7. Fan-out's node communicator (collective: every rank calls it).
-  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(collective_status(node_.comm, open_fanout()));
+  if (config_.fanout != UCM_FANOUT_OFF) UCM_CHECK(agree(open_fanout()));
   MPI_Request barrier = MPI_REQUEST_NULL;
   if (MPI_Ibarrier(node_.node, &barrier) != MPI_SUCCESS) return fail(Result::kSystem, "node barrier at the end of init failed");
   UCM_CHECK(agree(wait_watching(&barrier, &node_.local_ids, "the node barrier at the end of init")));

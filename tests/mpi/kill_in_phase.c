@@ -311,7 +311,8 @@ static int phase_posixcheck(ucm_cache_t c) {
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0; /* UCM_FANOUT=mpi (the script's fan-out pass) needs MPI_THREAD_MULTIPLE */
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
   if (argc < 4) {
     fprintf(stderr, "usage: kill_in_phase init|finalize|posixdump|posixcheck DELAY_US VICTIM [DIR]\n");

@@ -8,12 +8,13 @@
 set -u
 mpirun=$1 prog=$2
 fail=0
+job_env=()  # VAR=VALUE for every job run starts
 # run NP EXPECTED_OKS ARGS...: --enable-recovery keeps the survivors running.
 run() {
   local np=$1 want=$2
   shift 2
   local out oks
-  out=$("$mpirun" --oversubscribe --enable-recovery --timeout 60 -np "$np" "$prog" "$@" 2>&1)
+  out=$(env "${job_env[@]}" "$mpirun" --oversubscribe --enable-recovery --timeout 60 -np "$np" "$prog" "$@" 2>&1 </dev/null)
   echo "$out" | grep -E "^rank [0-9]+: (init|finalize|re-dump|keys|ok|WRONG|HANG)" | cut -c1-240
   oks=$(echo "$out" | grep -c "^rank [0-9]*: ok$")
   if [ "$oks" -ne "$want" ]; then
@@ -30,23 +31,32 @@ done
 # watched (MPI has no nonblocking split; no pid is known before the
 # gather): a death there still waits in MPI, as any collective of the app
 # would. Every call after them is killed in, by local rank 0 or 2 in turn.
-trace=$("$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 | sed -n 's/^rank 1: mpi-call //p')
-unwatched=$(echo "$trace" | sed -n '1,/^MPI_Allgather 1$/p' | tr '\n' ' ')
-if [ "$unwatched" != "MPI_Comm_dup 1 MPI_Comm_split_type 1 MPI_Comm_split 1 MPI_Allgather 1 " ]; then
-  echo "FAIL: init's MPI calls begin \"$unwatched\", not the split and the pid gather; the trace:"
-  echo "$trace" | sed 's/^/    /'
-  fail=1
-fi
-calls=0 victim=0
-while read -r name nth; do
-  run 3 2 init "mpi:$name:$nth" "$victim" </dev/null
-  calls=$((calls + 1)) victim=$((2 - victim))
-done < <(echo "$trace" | sed '1,/^MPI_Allgather 1$/d')
-if [ "$calls" -lt 10 ]; then
-  echo "FAIL: only $calls MPI calls of init traced after the pid gather"
-  fail=1
-fi
-echo "killed a rank entering each of $calls MPI calls of init"
+# kill_each_call [ENV=VALUE]: the pass, with the cache's config from that
+# environment (UCM_FANOUT=mpi adds the fan-out's communicator to init).
+kill_each_call() {
+  local trace unwatched calls=0 victim=0 name nth
+  job_env=("$@")
+  trace=$(env "$@" "$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 |
+          sed -n 's/^rank 1: mpi-call //p')
+  unwatched=$(echo "$trace" | sed -n '1,/^MPI_Allgather 1$/p' | tr '\n' ' ')
+  if [ "$unwatched" != "MPI_Comm_dup 1 MPI_Comm_split_type 1 MPI_Comm_split 1 MPI_Allgather 1 " ]; then
+    echo "FAIL: $*: init's MPI calls begin \"$unwatched\", not the split and the pid gather; the trace:"
+    echo "$trace" | sed 's/^/    /'
+    fail=1
+  fi
+  while read -r name nth; do
+    run 3 2 init "mpi:$name:$nth" "$victim"
+    calls=$((calls + 1)) victim=$((2 - victim))
+  done < <(echo "$trace" | sed '1,/^MPI_Allgather 1$/d')
+  if [ "$calls" -lt 10 ]; then
+    echo "FAIL: $*: only $calls MPI calls of init traced after the pid gather"
+    fail=1
+  fi
+  echo "$*: killed a rank entering each of $calls MPI calls of init"
+  job_env=()
+}
+kill_each_call UCM_FANOUT=off
+kill_each_call UCM_FANOUT=mpi
 for delay in 0 1000 5000; do run 3 2 finalize "$delay" 1; done
 store=$(mktemp -d /tmp/ucm-kill-in-phase-XXXXXX)
 trap 'rm -rf "$store"' EXIT
