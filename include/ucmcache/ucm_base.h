@@ -271,7 +271,11 @@ typedef struct ucm_cache_info {
  *   UCM_ERR_OUT_OF_RANGE  a shard index >= shards_per_block
  *   UCM_ERR_DUPLICATE_KEY the same (block, shard) twice in one task
  *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank, or in a forked child
- *   UCM_ERR_BUSY          too many tasks already wait for this rank
+ *   UCM_ERR_BUSY          too many tasks already wait for this rank's
+ *                         dispatcher (1024; they drain on their own), or
+ *                         65536 tasks were submitted and not finished (each
+ *                         keeps its entries until ucm_task_wait or
+ *                         ucm_task_test returns its result: finish some)
  *   UCM_ERR_BAD_HANDLE / UCM_ERR_FINALIZED   for the cache handle
  * A bad call changes nothing: the cache stays usable.
  * Threads: every task call may run on any thread, at the same time as any

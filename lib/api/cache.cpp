@@ -537,6 +537,11 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
+    if (tasks_.size() >= kMaxUnfinishedTasks)
+      return fail(Result::kBusy,
+                  "%zu tasks of this rank were submitted and not finished (the bound): each keeps its entries "
+                  "until ucm_task_wait or ucm_task_test returns its result",
+                  tasks_.size());
     tasks_.emplace(tid, t);
   }
   const Result r = fanout_ && kind == TaskKind::kLoad ? fanout_->submit(t) : queue_->submit(t);

@@ -157,6 +157,9 @@ class Cache {
   std::unique_ptr<Fanout> fanout_;  // UCM_FANOUT=nccl|mpi only
   OwnMemory own_;  // what no task's dst or src may overlap (api/own_memory.h)
   std::mutex tasks_mu_;
+  // Submitted and not finished (running, or done and not yet waited for):
+  // at most kMaxUnfinishedTasks, then a submit is kBusy (ucm_base.h).
+  static constexpr size_t kMaxUnfinishedTasks = 65536;
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared
   mutable std::mutex error_mu_;

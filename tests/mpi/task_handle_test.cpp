@@ -3,6 +3,7 @@
 // task's result goes to exactly one of the calls that finish it, however many
 // threads wait for or test the same task at once (ucm_base.h, ucm_task_wait).
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <string>
@@ -136,6 +137,47 @@ TEST_F(TaskHandle, OfSeveralThreadsTestingOneTaskOneGetsItDone) {
 // Finalize clears the variable it was given: a second finalize through the
 // same variable is UCM_ERR_BAD_HANDLE saying why it is NULL; through a copy
 // of the handle, UCM_ERR_FINALIZED (ucm_base.h).
+// Tasks submitted and never finished (no ucm_task_wait or ucm_task_test
+// that returned their result) are bounded: the next submit is UCM_ERR_BUSY
+// naming the bound, and finishing one makes room. Before, the task table
+// grew without bound (each done task kept its entries) until the process
+// ran out of memory.
+TEST_F(TaskHandle, TasksNeverFinishedAreBoundedWithBusyNamingTheBound) {
+  ASSERT_NO_FATAL_FAILURE(init(task_config(64, "sim:latency_us=0")));
+  LoadBatch b;
+  b.add(ukey(1, 0));
+  std::vector<ucm_task_t> tasks;
+  std::string refused;
+  for (;;) {
+    ucm_task_t t = 0;
+    const ucm_result_t r = ucm_load_task(cache_, b.entries.data(), 1, &t);
+    if (r == UCM_OK) {
+      tasks.push_back(t);
+      continue;
+    }
+    ASSERT_EQ(r, UCM_ERR_BUSY) << msg(cache_);
+    const std::string why = msg(cache_);
+    if (why.find("dispatcher") != std::string::npos) {  // the queue's own bound: it drains
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    refused = why;
+    break;
+  }
+  EXPECT_EQ(tasks.size(), size_t{65536}) << refused;
+  EXPECT_NE(refused.find("65536 tasks"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("ucm_task_wait"), std::string::npos) << refused;
+  ASSERT_EQ(ucm_task_wait(cache_, tasks.back(), 30000), UCM_OK) << msg(cache_);
+  tasks.pop_back();
+  ucm_task_t t = 0;
+  ASSERT_EQ(ucm_load_task(cache_, b.entries.data(), 1, &t), UCM_OK) << msg(cache_);
+  tasks.push_back(t);
+  size_t bad = 0;
+  for (ucm_task_t x : tasks) bad += ucm_task_wait(cache_, x, 30000) != UCM_OK;
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(b.verify(0), kTaskShard);
+}
+
 TEST_F(TaskHandle, ASecondFinalizeSaysTheHandleWasFinalized) {
   ASSERT_NO_FATAL_FAILURE(init(task_config(64, "sim:latency_us=0")));
   const ucm_cache_t copy = cache_;
