@@ -104,6 +104,8 @@ Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessI
   }
   if (!ok(r)) {
     keep_for_abandoned_collective(s);
+    // This rank saw the death first, in the step it reports: that says it all.
+    if (r == Result::kPeerDead && local == Result::kPeerDead) return fail(local, "%s", mine.c_str());
     return fail(r, "%s%s%s", last_error().c_str(), ok(local) ? "" : "; before that, this rank: ", mine.c_str());
   }
   const StatusExchange got = *s;
