@@ -39,60 +39,26 @@ static void entering(const char* name) {
   }
 }
 
-int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* out) {
-  entering("MPI_Comm_dup");
-  return PMPI_Comm_dup(comm, out);
-}
-int MPI_Comm_idup(MPI_Comm comm, MPI_Comm* out, MPI_Request* q) {
-  entering("MPI_Comm_idup");
-  return PMPI_Comm_idup(comm, out, q);
-}
-int MPI_Comm_split_type(MPI_Comm comm, int type, int key, MPI_Info info, MPI_Comm* out) {
-  entering("MPI_Comm_split_type");
-  return PMPI_Comm_split_type(comm, type, key, info, out);
-}
-int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* out) {
-  entering("MPI_Comm_split");
-  return PMPI_Comm_split(comm, color, key, out);
-}
-int MPI_Barrier(MPI_Comm comm) {
-  entering("MPI_Barrier");
-  return PMPI_Barrier(comm);
-}
-int MPI_Ibarrier(MPI_Comm comm, MPI_Request* q) {
-  entering("MPI_Ibarrier");
-  return PMPI_Ibarrier(comm, q);
-}
-int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm comm) {
-  entering("MPI_Bcast");
-  return PMPI_Bcast(b, n, t, root, comm);
-}
-int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm comm, MPI_Request* q) {
-  entering("MPI_Ibcast");
-  return PMPI_Ibcast(b, n, t, root, comm, q);
-}
-int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt, MPI_Comm comm) {
-  entering("MPI_Allgather");
-  return PMPI_Allgather(s, sn, st, r, rn, rt, comm);
-}
-int MPI_Iallgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt, MPI_Comm comm,
-                   MPI_Request* q) {
-  entering("MPI_Iallgather");
-  return PMPI_Iallgather(s, sn, st, r, rn, rt, comm, q);
-}
-int MPI_Allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
-  entering("MPI_Allreduce");
-  return PMPI_Allreduce(s, r, n, t, op, comm);
-}
-int MPI_Iallreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm comm, MPI_Request* q) {
-  entering("MPI_Iallreduce");
-  return PMPI_Iallreduce(s, r, n, t, op, comm, q);
-}
-int MPI_Exscan(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
-  entering("MPI_Exscan");
-  return PMPI_Exscan(s, r, n, t, op, comm);
-}
-int MPI_Iexscan(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm comm, MPI_Request* q) {
-  entering("MPI_Iexscan");
-  return PMPI_Iexscan(s, r, n, t, op, comm, q);
-}
+/* NAME(PARAMS) enters, then calls PMPI_NAME(ARGS). */
+#define WRAP(name, params, args) \
+  int MPI_##name params {        \
+    entering("MPI_" #name);      \
+    return PMPI_##name args;     \
+  }
+
+typedef MPI_Datatype T;
+typedef MPI_Request* Q;
+WRAP(Comm_dup, (MPI_Comm c, MPI_Comm* o), (c, o))
+WRAP(Comm_idup, (MPI_Comm c, MPI_Comm* o, Q q), (c, o, q))
+WRAP(Comm_split_type, (MPI_Comm c, int t, int k, MPI_Info i, MPI_Comm* o), (c, t, k, i, o))
+WRAP(Comm_split, (MPI_Comm c, int color, int k, MPI_Comm* o), (c, color, k, o))
+WRAP(Barrier, (MPI_Comm c), (c))
+WRAP(Ibarrier, (MPI_Comm c, Q q), (c, q))
+WRAP(Bcast, (void* b, int n, T t, int root, MPI_Comm c), (b, n, t, root, c))
+WRAP(Ibcast, (void* b, int n, T t, int root, MPI_Comm c, Q q), (b, n, t, root, c, q))
+WRAP(Allgather, (const void* s, int sn, T st, void* r, int rn, T rt, MPI_Comm c), (s, sn, st, r, rn, rt, c))
+WRAP(Iallgather, (const void* s, int sn, T st, void* r, int rn, T rt, MPI_Comm c, Q q), (s, sn, st, r, rn, rt, c, q))
+WRAP(Allreduce, (const void* s, void* r, int n, T t, MPI_Op op, MPI_Comm c), (s, r, n, t, op, c))
+WRAP(Iallreduce, (const void* s, void* r, int n, T t, MPI_Op op, MPI_Comm c, Q q), (s, r, n, t, op, c, q))
+WRAP(Exscan, (const void* s, void* r, int n, T t, MPI_Op op, MPI_Comm c), (s, r, n, t, op, c))
+WRAP(Iexscan, (const void* s, void* r, int n, T t, MPI_Op op, MPI_Comm c, Q q), (s, r, n, t, op, c, q))
