@@ -31,8 +31,8 @@ extern "C" {
  * UCM_ERR_TIMEOUT on every rank, naming the step and timeout_ms, also when a
  * peer gave up first. A local rank that dies during init (after the node
  * split and its gather of pids, the first MPI calls) is UCM_ERR_PEER_DEAD
- * naming it on the node's other ranks; live ranks are waited for, however
- * late, as in any collective. The config is read as its struct_bytes says (an
+ * naming it on the node's other ranks; live ranks, and ranks of other
+ * nodes, are waited for, however late, as in any collective. The config is read as its struct_bytes says (an
  * older app's smaller config works, the fields it lacks at their defaults).
  * MPI must be initialized: before MPI_Init or after MPI_Finalize the result is
  * UCM_ERR_BAD_STATE, and MPI_COMM_NULL (a rank that MPI_Comm_split left out)

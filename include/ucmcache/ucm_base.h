@@ -161,6 +161,9 @@ typedef struct ucm_config {
                                 other ranks' destinations; ucm_load_task is then collective in
                                 time: every local rank submits the same keys in the same task
                                 order (mpi needs MPI_THREAD_MULTIPLE; nccl the cuda engine) [layout] */
+  uint32_t max_unfinished_tasks; /* UCM_MAX_UNFINISHED_TASKS (65536): a rank's tasks submitted and not
+                                finished (no ucm_task_wait or ucm_task_test returned their result;
+                                each keeps its entries) at most: then a submit is UCM_ERR_BUSY */
 } ucm_config_t;
 
 /* ---- the node-shared cache -------------------------------------------------- */
@@ -273,9 +276,10 @@ typedef struct ucm_cache_info {
  *   UCM_ERR_BAD_STATE     a load or dump on a scheduler rank, or in a forked child
  *   UCM_ERR_BUSY          too many tasks already wait for this rank's
  *                         dispatcher (1024; they drain on their own), or
- *                         65536 tasks were submitted and not finished (each
- *                         keeps its entries until ucm_task_wait or
- *                         ucm_task_test returns its result: finish some)
+ *                         max_unfinished_tasks were submitted and not
+ *                         finished (each keeps its entries until
+ *                         ucm_task_wait or ucm_task_test returns its
+ *                         result: finish some)
  *   UCM_ERR_BAD_HANDLE / UCM_ERR_FINALIZED   for the cache handle
  * A bad call changes nothing: the cache stays usable.
  * Threads: every task call may run on any thread, at the same time as any

@@ -534,15 +534,23 @@ Result Cache::submit(TaskKind kind, std::vector<TaskEntry> entries, uint64_t* id
   // One clock read for the submit time and the deadline.
   const uint64_t now = now_ns();
   auto t = std::make_shared<Task>(tid, kind, std::move(entries), deadline_after_ms(config_.timeout_ms, now), now);
+  size_t unfinished = 0;
   {
     std::lock_guard<std::mutex> g(tasks_mu_);
     if (closing_) return fail(Result::kFinalized, "the cache is being finalized");
-    if (tasks_.size() >= kMaxUnfinishedTasks)
-      return fail(Result::kBusy,
-                  "%zu tasks of this rank were submitted and not finished (the bound): each keeps its entries "
-                  "until ucm_task_wait or ucm_task_test returns its result",
-                  tasks_.size());
-    tasks_.emplace(tid, t);
+    unfinished = tasks_.size();
+    if (unfinished < config_.max_unfinished_tasks) tasks_.emplace(tid, t);
+  }
+  if (unfinished >= config_.max_unfinished_tasks) {
+    const Result busy = fail(Result::kBusy,
+                             "%zu tasks of this rank were submitted and not finished (max_unfinished_tasks, "
+                             "UCM_MAX_UNFINISHED_TASKS): each keeps its entries until ucm_task_wait or "
+                             "ucm_task_test returns its result",
+                             unfinished);
+    // Fan-out: a refused load still takes its turn, or every later task of
+    // this rank would pair with its peers' earlier ones.
+    if (fanout_ && kind == TaskKind::kLoad) fanout_->reject(tid, t->entries().size(), last_error());
+    return busy;
   }
   const Result r = fanout_ && kind == TaskKind::kLoad ? fanout_->submit(t) : queue_->submit(t);
   if (r != Result::kOk) {

@@ -158,8 +158,7 @@ class Cache {
   OwnMemory own_;  // what no task's dst or src may overlap (api/own_memory.h)
   std::mutex tasks_mu_;
   // Submitted and not finished (running, or done and not yet waited for):
-  // at most kMaxUnfinishedTasks, then a submit is kBusy (ucm_base.h).
-  static constexpr size_t kMaxUnfinishedTasks = 65536;
+  // at most config_.max_unfinished_tasks, then a submit is kBusy (ucm_base.h).
   std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
   bool closing_ = false;  // under tasks_mu_: set by close(), never cleared
   mutable std::mutex error_mu_;

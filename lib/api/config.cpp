@@ -117,6 +117,9 @@ constexpr Tunable kTable[] = {
      true, "bound on that protection: a rank that never asks for a shard holds it no longer"},
     {"fanout", "UCM_FANOUT", T::kEnum, UCM_FIELD(fanout), UCM_FANOUT_OFF, 0, 2, kFanoutNames, true,
      "read each shard from host memory once per node and broadcast it (loads are then collective in time)"},
+    {"max_unfinished_tasks", "UCM_MAX_UNFINISHED_TASKS", T::kUint, UCM_FIELD(max_unfinished_tasks), 65536, 1,
+     1 << 24, nullptr, false,
+     "a rank's tasks submitted and not yet finished by a wait or test, at most (then a submit is UCM_ERR_BUSY)"},
 };
 #undef UCM_FIELD
 

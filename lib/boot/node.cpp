@@ -45,6 +45,15 @@ struct StatusMessage {
   char text[500];
 };
 
+// The watched ranks that are gone, as "1 (pid 123), 3 (pid 456)"; empty if none.
+std::string dead_ranks(const std::vector<ProcessIdentity>& watch) {
+  std::string dead;
+  for (size_t i = 0; i < watch.size(); ++i)
+    if (!is_alive(watch[i]))
+      dead.append(dead.empty() ? "" : ", ").append(std::to_string(i)).append(" (pid ")
+          .append(std::to_string(watch[i].pid)).append(")");
+  return dead;
+}
 }  // namespace
 
 Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch, const char* what) {
@@ -52,18 +61,16 @@ Result wait_watching(MPI_Request* req, const std::vector<ProcessIdentity>* watch
   uint64_t nap = 20'000, next_look = now_ns() + kWatchSliceNs;
   for (;;) {
     int flag = 0;
-    UCM_CHECK(mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), what));
-    if (flag) return Result::kOk;
-    if (now_ns() >= next_look) {
-      std::string dead;
-      for (size_t i = 0; i < watch->size(); ++i)
-        if (!is_alive((*watch)[i]))
-          dead.append(dead.empty() ? "" : ", ").append(std::to_string(i)).append(" (pid ")
-              .append(std::to_string((*watch)[i].pid)).append(")");
-      if (!dead.empty())
-        return fail(Result::kPeerDead, "local rank(s) %s died during ucm_cache_init, in %s", dead.c_str(), what);
-      next_look = now_ns() + kWatchSliceNs;
-    }
+    const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && flag) return Result::kOk;
+    // An MPI that reports the failure itself (a process-failure error) is
+    // still a death to name, if one of the node's ranks is gone.
+    const bool look = rc != MPI_SUCCESS || now_ns() >= next_look;
+    const std::string dead = look ? dead_ranks(*watch) : std::string();
+    if (!dead.empty())
+      return fail(Result::kPeerDead, "local rank(s) %s died during ucm_cache_init, in %s", dead.c_str(), what);
+    UCM_CHECK(mpi_check(rc, what));
+    if (look) next_look = now_ns() + kWatchSliceNs;
     sleep_for_ns(nap);
     nap = std::min<uint64_t>(nap * 2, 1'000'000);
   }
@@ -104,8 +111,9 @@ Result collective_status(MPI_Comm comm, Result local, const std::vector<ProcessI
   }
   if (!ok(r)) {
     keep_for_abandoned_collective(s);
-    // This rank saw the death first, in the step it reports: that says it all.
-    if (r == Result::kPeerDead && local == Result::kPeerDead) return fail(local, "%s", mine.c_str());
+    // Both parts, also when both name a death: the exchange's list names every
+    // rank gone by now (the one that died first among them), while this rank's
+    // own step may blame a rank that only left after it saw that death.
     return fail(r, "%s%s%s", last_error().c_str(), ok(local) ? "" : "; before that, this rank: ", mine.c_str());
   }
   const StatusExchange got = *s;

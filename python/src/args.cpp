@@ -202,6 +202,7 @@ const std::vector<Field>& fields() {
       {"protect", Kind::kI32, offsetof(ucm_config_t, protect), {}},
       {"protect_grace_ms", Kind::kU32, offsetof(ucm_config_t, protect_grace_ms), {}},
       {"fanout", Kind::kEnum, offsetof(ucm_config_t, fanout), {"off", "nccl", "mpi"}},
+      {"max_unfinished_tasks", Kind::kU32, offsetof(ucm_config_t, max_unfinished_tasks), {}},
   };
   return f;
 }

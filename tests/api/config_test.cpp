@@ -215,7 +215,7 @@ TEST(ConfigTable, KeepsEveryVariableNameAndDefault) {
       {"segment_bytes", "UCM_SEGMENT_BYTES", "1073741824"}, {"backend", "UCM_BACKEND", ""},
       {"copy_engine", "UCM_COPY_ENGINE", "auto"},         {"allow_overcommit", "UCM_OVERCOMMIT", "0"},
       {"protect", "UCM_PROTECT", "1"},                    {"protect_grace_ms", "UCM_PROTECT_GRACE_MS", "1000"},
-      {"fanout", "UCM_FANOUT", "off"},
+      {"fanout", "UCM_FANOUT", "off"},             {"max_unfinished_tasks", "UCM_MAX_UNFINISHED_TASKS", "65536"},
   };
   size_t n = 0;
   const ucm::Tunable* table = ucm::tunables(&n);

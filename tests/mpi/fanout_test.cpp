@@ -2,9 +2,11 @@
 // queue/fanout.h over the MPI seam (boot/coll_mpi.cpp). Every rank submits the
 // same tasks in the same order (the mode's contract) unless a test says
 // otherwise. The binary runs with MPI_THREAD_MULTIPLE (mpi_main.cpp).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -193,6 +195,66 @@ TEST_F(Fanout, RefusedLoadStillTakesItsTurn) {
   LoadBatch next = keys_batch(72100, 6);
   ASSERT_EQ(load_and_wait(cache, next), UCM_OK) << ucm_last_error(cache);
   expect_exact(next);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
+// A load refused because its rank holds max_unfinished_tasks unfinished
+// tasks still takes that rank's turn: rank 0 finishes its first task, so
+// only rank 1 is at the bound; rank 0's paired task fails naming the
+// refusal, and the next task is paired and exact. Before, the refusal
+// skipped the turn and unpaired every later task of the node.
+TEST_F(Fanout, LoadRefusedAtTheTaskBoundStillTakesItsTurn) {
+  constexpr uint64_t kShard = 64;
+  constexpr uint32_t kBound = 200;
+  ucm_config_t cfg = fanout_config(128, "sim:latency_us=0");
+  cfg.shard_bytes = kShard;
+  cfg.cache_bytes = 128 * kShard;
+  cfg.max_unfinished_tasks = kBound;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  const int n = local_size_of(cache), me = local_rank_of(cache);
+  if (n != 2) {
+    EXPECT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "the case pairs exactly 2 local ranks";
+  }
+  const ucm_key_t k = ukey(72500, 0);
+  std::vector<uint8_t> buf;
+  std::string refused;
+  std::vector<ucm_task_t> tasks = submit_unwaited(cache, k, kShard, kBound, &buf, &refused);
+  ASSERT_EQ(tasks.size(), size_t{kBound}) << refused;
+  if (me == 0) {
+    ASSERT_EQ(ucm_task_wait(cache, tasks.front(), 60000), UCM_OK) << ucm_last_error(cache);
+    tasks.erase(tasks.begin());
+  }
+  // A 4-key load: rank 1 is at the bound, rank 0 is not.
+  auto four_keys = [](uint64_t block, std::vector<uint8_t>* dst) {
+    dst->assign(4 * kShard, 0xee);
+    std::vector<ucm_load_entry_t> es;
+    for (uint32_t s = 0; s < 4; ++s) es.push_back({ukey(block, s), dst->data() + s * kShard});
+    return es;
+  };
+  std::vector<uint8_t> d1, d2;
+  std::vector<ucm_load_entry_t> first = four_keys(72600, &d1);
+  ucm_task_t t = 0;
+  ucm_result_t r = ucm_load_task(cache, first.data(), first.size(), &t);
+  if (r == UCM_OK) r = ucm_task_wait(cache, t, 60000);
+  const std::string why = ucm_last_error(cache);
+  if (me == 1) {
+    EXPECT_EQ(r, UCM_ERR_BUSY) << why;
+    EXPECT_NE(why.find(std::to_string(kBound) + " tasks"), std::string::npos) << why;
+  } else {
+    EXPECT_EQ(r, UCM_ERR_BAD_STATE) << why;
+    EXPECT_NE(why.find("local rank 1 refused its task"), std::string::npos) << why;
+  }
+  size_t bad = 0;
+  for (ucm_task_t x : tasks) bad += ucm_task_wait(cache, x, 60000) != UCM_OK;
+  EXPECT_EQ(bad, 0u);
+  std::vector<ucm_load_entry_t> next = four_keys(72700, &d2);
+  r = ucm_load_task(cache, next.data(), next.size(), &t);
+  if (r == UCM_OK) r = ucm_task_wait(cache, t, 60000);
+  ASSERT_EQ(r, UCM_OK) << ucm_last_error(cache);
+  for (uint32_t s = 0; s < 4; ++s)
+    EXPECT_EQ(sim_verify(ikey(next[s].key), d2.data() + s * kShard, kShard), kShard) << "shard " << s;
   ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
 }
 

@@ -255,9 +255,9 @@ static int phase_init(const ucm_config_t* cfg, long delay_us, int victim) {
   printf("rank %d: init=%s ms=%.0f msg=%s\n", my_rank, ucm_result_string(r), now_ms() - t0,
          r == UCM_OK ? "" : ucm_last_error(NULL));
   /* Failed: UCM_ERR_PEER_DEAD naming the victim (one node: its local rank is its rank). */
-  char named[32];
-  snprintf(named, sizeof(named), "(pid %d)", (int)world_pids[victim]);
-  if (r != UCM_OK) return r == UCM_ERR_PEER_DEAD && strstr(ucm_last_error(NULL), named) != NULL;
+  char named[32] = "(no victim)";
+  if (victim >= 0) snprintf(named, sizeof(named), "(pid %d)", (int)world_pids[victim]);
+  if (r != UCM_OK) return victim >= 0 && r == UCM_ERR_PEER_DEAD && strstr(ucm_last_error(NULL), named) != NULL;
   /* Up: this survivor's cache works (dump, then load back). */
   uint8_t* buf = malloc((size_t)NKEYS * shard_bytes);
   for (int i = 0; i < NKEYS; ++i) fill(i, buf + (size_t)i * shard_bytes);
@@ -313,6 +313,7 @@ static int phase_posixcheck(ucm_cache_t c) {
 int main(int argc, char** argv) {
   int provided = 0; /* UCM_FANOUT=mpi (the script's fan-out pass) needs MPI_THREAD_MULTIPLE */
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE) fprintf(stderr, "kill_in_phase: MPI gave thread level %d, not MULTIPLE\n", provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
   if (argc < 4) {
     fprintf(stderr, "usage: kill_in_phase init|finalize|posixdump|posixcheck DELAY_US VICTIM [DIR]\n");

@@ -14,7 +14,7 @@ run() {
   local np=$1 want=$2
   shift 2
   local out oks
-  out=$(env "${job_env[@]}" "$mpirun" --oversubscribe --enable-recovery --timeout 60 -np "$np" "$prog" "$@" 2>&1 </dev/null)
+  out=$(env ${job_env[@]+"${job_env[@]}"} "$mpirun" --oversubscribe --enable-recovery --timeout 60 -np "$np" "$prog" "$@" 2>&1 </dev/null)
   echo "$out" | grep -E "^rank [0-9]+: (init|finalize|re-dump|keys|ok|WRONG|HANG)" | cut -c1-240
   oks=$(echo "$out" | grep -c "^rank [0-9]*: ok$")
   if [ "$oks" -ne "$want" ]; then
@@ -35,9 +35,16 @@ done
 # environment (UCM_FANOUT=mpi adds the fan-out's communicator to init).
 kill_each_call() {
   local trace unwatched calls=0 victim=0 name nth
+  local out
   job_env=("$@")
-  trace=$(env "$@" "$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 |
-          sed -n 's/^rank 1: mpi-call //p')
+  out=$(env "$@" "$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 </dev/null)
+  trace=$(echo "$out" | sed -n 's/^rank 1: mpi-call //p')
+  # The trace is of an init that succeeded, on every rank: else it stops early.
+  if [ "$(echo "$out" | grep -c '^rank [0-9]*: init=UCM_OK')" -ne 3 ]; then
+    echo "FAIL: $*: the traced init did not succeed on all 3 ranks; its last lines:"
+    echo "$out" | tail -n 20 | sed 's/^/    /'
+    fail=1
+  fi
   unwatched=$(echo "$trace" | sed -n '1,/^MPI_Allgather 1$/p' | tr '\n' ' ')
   if [ "$unwatched" != "MPI_Comm_dup 1 MPI_Comm_split_type 1 MPI_Comm_split 1 MPI_Allgather 1 " ]; then
     echo "FAIL: $*: init's MPI calls begin \"$unwatched\", not the split and the pid gather; the trace:"

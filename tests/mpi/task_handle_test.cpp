@@ -134,50 +134,45 @@ TEST_F(TaskHandle, OfSeveralThreadsTestingOneTaskOneGetsItDone) {
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
+// Tasks submitted and never finished (no ucm_task_wait or ucm_task_test
+// that returned their result) are bounded by max_unfinished_tasks: the next
+// submit is UCM_ERR_BUSY naming the bound, and finishing one makes room.
+// Before, the task table grew without bound (each done task kept its
+// entries): an app that never waited was ended by the OOM killer, 12 GiB in
+// a minute. Once at the default bound (65536), once at a small one.
+TEST_F(TaskHandle, TasksNeverFinishedAreBoundedWithBusyNamingTheBound) {
+  constexpr uint64_t kShard = 64;  // each task a destination of its own: 4 MiB at the default
+  for (const uint32_t bound : {65536u, 300u}) {
+    ucm_config_t cfg = task_config(64, "sim:latency_us=0");
+    cfg.shard_bytes = kShard;
+    cfg.cache_bytes = 64 * kShard;
+    if (bound != 65536u) cfg.max_unfinished_tasks = bound;
+    ASSERT_NO_FATAL_FAILURE(init(cfg));
+    const ucm_key_t k = ukey(1, 0);
+    std::vector<uint8_t> buf;
+    std::string refused;
+    std::vector<ucm_task_t> tasks = submit_unwaited(cache_, k, kShard, bound + 1, &buf, &refused);
+    EXPECT_EQ(tasks.size(), size_t{bound}) << refused;
+    EXPECT_NE(refused.find("UCM_ERR_BUSY"), std::string::npos) << refused;
+    EXPECT_NE(refused.find(std::to_string(bound) + " tasks"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("UCM_MAX_UNFINISHED_TASKS"), std::string::npos) << refused;
+    ASSERT_FALSE(tasks.empty());
+    ASSERT_EQ(ucm_task_wait(cache_, tasks.back(), 30000), UCM_OK) << msg(cache_);
+    // Finishing one makes room: the next load goes into that task's destination.
+    const ucm_load_entry_t e{k, buf.data() + (tasks.size() - 1) * kShard};
+    ASSERT_EQ(ucm_load_task(cache_, &e, 1, &tasks.back()), UCM_OK) << msg(cache_);
+    size_t bad = 0, wrong = 0;
+    for (ucm_task_t x : tasks) bad += ucm_task_wait(cache_, x, 30000) != UCM_OK;
+    for (size_t i = 0; i < tasks.size(); ++i) wrong += sim_verify(ikey(k), buf.data() + i * kShard, kShard) != kShard;
+    EXPECT_EQ(bad, 0u);
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+  }
+}
+
 // Finalize clears the variable it was given: a second finalize through the
 // same variable is UCM_ERR_BAD_HANDLE saying why it is NULL; through a copy
 // of the handle, UCM_ERR_FINALIZED (ucm_base.h).
-// Tasks submitted and never finished (no ucm_task_wait or ucm_task_test
-// that returned their result) are bounded: the next submit is UCM_ERR_BUSY
-// naming the bound, and finishing one makes room. Before, the task table
-// grew without bound (each done task kept its entries) until the process
-// ran out of memory.
-TEST_F(TaskHandle, TasksNeverFinishedAreBoundedWithBusyNamingTheBound) {
-  ASSERT_NO_FATAL_FAILURE(init(task_config(64, "sim:latency_us=0")));
-  LoadBatch b;
-  b.add(ukey(1, 0));
-  std::vector<ucm_task_t> tasks;
-  std::string refused;
-  for (;;) {
-    ucm_task_t t = 0;
-    const ucm_result_t r = ucm_load_task(cache_, b.entries.data(), 1, &t);
-    if (r == UCM_OK) {
-      tasks.push_back(t);
-      continue;
-    }
-    ASSERT_EQ(r, UCM_ERR_BUSY) << msg(cache_);
-    const std::string why = msg(cache_);
-    if (why.find("dispatcher") != std::string::npos) {  // the queue's own bound: it drains
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      continue;
-    }
-    refused = why;
-    break;
-  }
-  EXPECT_EQ(tasks.size(), size_t{65536}) << refused;
-  EXPECT_NE(refused.find("65536 tasks"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("ucm_task_wait"), std::string::npos) << refused;
-  ASSERT_EQ(ucm_task_wait(cache_, tasks.back(), 30000), UCM_OK) << msg(cache_);
-  tasks.pop_back();
-  ucm_task_t t = 0;
-  ASSERT_EQ(ucm_load_task(cache_, b.entries.data(), 1, &t), UCM_OK) << msg(cache_);
-  tasks.push_back(t);
-  size_t bad = 0;
-  for (ucm_task_t x : tasks) bad += ucm_task_wait(cache_, x, 30000) != UCM_OK;
-  EXPECT_EQ(bad, 0u);
-  EXPECT_EQ(b.verify(0), kTaskShard);
-}
-
 TEST_F(TaskHandle, ASecondFinalizeSaysTheHandleWasFinalized) {
   ASSERT_NO_FATAL_FAILURE(init(task_config(64, "sim:latency_us=0")));
   const ucm_cache_t copy = cache_;

@@ -6,10 +6,12 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -123,6 +125,34 @@ struct LoadBatch {
     return true;
   }
 };
+
+// One-entry loads of `k` left unwaited, the i-th into its own `shard` bytes
+// of *buf (tasks in flight at once must not share a destination), submitted
+// until `max` are taken or a submit is refused other than by the
+// dispatcher's full queue (that one drains: it is retried): the tasks
+// taken, the refusal's message in *why (empty if none).
+inline std::vector<ucm_task_t> submit_unwaited(ucm_cache_t cache, const ucm_key_t& k, uint64_t shard, size_t max,
+                                               std::vector<uint8_t>* buf, std::string* why) {
+  buf->assign(max * shard, 0xee);
+  std::vector<ucm_task_t> tasks;
+  why->clear();
+  while (tasks.size() < max) {
+    const ucm_load_entry_t e{k, buf->data() + tasks.size() * shard};
+    ucm_task_t t = 0;
+    const ucm_result_t r = ucm_load_task(cache, &e, 1, &t);
+    if (r == UCM_OK) {
+      tasks.push_back(t);
+      continue;
+    }
+    const std::string refused = std::string(ucm_result_string(r)) + ": " + ucm_last_error(cache);
+    if (r != UCM_ERR_BUSY || refused.find("dispatcher") == std::string::npos) {
+      *why = refused;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return tasks;
+}
 
 // Submits and waits; the result of the wait.
 inline ucm_result_t load_and_wait(ucm_cache_t cache, LoadBatch& b, int64_t timeout_ms = kTaskWaitMs) {
