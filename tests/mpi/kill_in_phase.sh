@@ -31,10 +31,15 @@ done
 # watched (MPI has no nonblocking split; no pid is known before the
 # gather): a death there still waits in MPI, as any collective of the app
 # would. Every call after them is killed in, by local rank 0 or 2 in turn.
-# kill_each_call [ENV=VALUE]: the pass, with the cache's config from that
-# environment (UCM_FANOUT=mpi adds the fan-out's communicator to init).
+# kill_each_call MIN_CALLS [ENV=VALUE]: the pass, with the cache's config from
+# that environment (UCM_FANOUT=mpi adds the fan-out's communicator to init).
+# Calls that begin the previous pass's trace the same way were killed in
+# there, on the same code: a later pass kills from where its trace differs.
+previous=""
 kill_each_call() {
-  local trace unwatched calls=0 victim=0 name nth
+  local min=$1
+  shift
+  local trace unwatched calls=0 victim=0 name nth same=0
   local out
   job_env=("$@")
   out=$(env "$@" "$mpirun" --oversubscribe --timeout 60 -np 3 "$prog" init mpitrace -1 2>&1 </dev/null)
@@ -51,19 +56,27 @@ kill_each_call() {
     echo "$trace" | sed 's/^/    /'
     fail=1
   fi
+  local watched
+  watched=$(echo "$trace" | sed '1,/^MPI_Allgather 1$/d')
+  if [ -n "$previous" ]; then
+    # diff's first hunk, "15c15,20" or "15a16,19": its line in this trace.
+    same=$(diff <(echo "$previous") <(echo "$watched") | sed -n '1s/^[0-9,]*[acd]\([0-9]*\).*/\1/p')
+    same=$(( ${same:-$(echo "$watched" | wc -l)} - 1 ))
+  fi
   while read -r name nth; do
     run 3 2 init "mpi:$name:$nth" "$victim"
     calls=$((calls + 1)) victim=$((2 - victim))
-  done < <(echo "$trace" | sed '1,/^MPI_Allgather 1$/d')
-  if [ "$calls" -lt 10 ]; then
-    echo "FAIL: $*: only $calls MPI calls of init traced after the pid gather"
+  done < <(echo "$watched" | tail -n +$((same + 1)))
+  if [ "$calls" -lt "$min" ]; then
+    echo "FAIL: $*: only $calls MPI calls of init to kill in after the pid gather (at least $min)"
     fail=1
   fi
-  echo "$*: killed a rank entering each of $calls MPI calls of init"
+  echo "$*: killed a rank entering each of $calls MPI calls of init (the $same before them as in the last pass)"
+  previous=$watched
   job_env=()
 }
-kill_each_call UCM_FANOUT=off
-kill_each_call UCM_FANOUT=mpi
+kill_each_call 10 UCM_FANOUT=off
+kill_each_call 3 UCM_FANOUT=mpi
 for delay in 0 1000 5000; do run 3 2 finalize "$delay" 1; done
 store=$(mktemp -d /tmp/ucm-kill-in-phase-XXXXXX)
 trap 'rm -rf "$store"' EXIT
