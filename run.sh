@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 PACKAGES=(liburing-dev openmpi-bin libopenmpi-dev libhwloc-dev hwloc meson ninja-build pkg-config
-          libgtest-dev g++ cmake scdoc strace
+          libgtest-dev g++ cmake scdoc strace fuse3 python3-fusepy
           python3-dev pybind11-dev python3-mpi4py python3-numpy python3-pytest)
 PREFIX=${UCM_BUILD_PREFIX:-build}
 JOBS=${UCM_JOBS:-$(nproc)}

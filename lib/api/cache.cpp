@@ -216,6 +216,7 @@ Result Cache::open_rank() {
     bctx.node_state = store_state_.base();
     bctx.node_state_bytes = store_state_.bytes();
     bctx.buffers = std::move(segs);
+    bctx.open_deadline_ns = deadline_after_ms(config_.timeout_ms);
     r = make_backend(config_.backend, bctx, &backend_);
   }
   if (ok(r)) open_buffer();

@@ -64,6 +64,11 @@ struct BackendContext {
   // having each read pin its pages; a load elsewhere still works. Empty:
   // none known (a store made by a test or a tool).
   std::vector<std::pair<void*, uint64_t>> buffers{};
+  // When opening the store must have finished (now_ns() clock; UINT64_MAX:
+  // no bound). A store on a hung file system (a dead NFS or Lustre server)
+  // blocks its first system call in the kernel: past this, opening is
+  // kTimeout, and the call is left on a thread of its own to end (or not).
+  uint64_t open_deadline_ns = UINT64_MAX;
 };
 
 struct BackendCounters {

@@ -4,12 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 
 #include "ucm_build_config.h"
@@ -279,20 +282,93 @@ Result check_block_file_fits(const BackendContext& ctx) {
 
 }  // namespace
 
+namespace {
+
+// Opening the directory, its checks and the probe: the system calls that a
+// hung file system blocks. They run on a thread of their own, which touches
+// only this (shared with it), so the caller can give up at its deadline.
+struct DirOpening {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // under mu
+  bool abandoned = false;  // under mu: the caller gave up; the thread closes fd
+  Result result = Result::kOk;
+  std::string error;
+  int fd = -1;
+  DirectProbe direct;
+};
+
+void open_and_probe(const PosixOptions& o, DirOpening* s) {
+  int dfd = -1;
+  Result r = open_store_dir(o.dir, &dfd);
+  // The checks are on the directory itself, as opened.
+  if (ok(r)) r = check_store_dir_owner(dfd, o.dir);
+  DirectProbe direct;
+  if (ok(r)) r = probe_store_dir(dfd, o, &direct);
+  if (!ok(r) && dfd >= 0) close(dfd), dfd = -1;
+  s->result = r;
+  s->error = ok(r) ? std::string() : last_error();
+  s->fd = dfd;
+  s->direct = direct;
+}
+
+Result open_store_bounded(const PosixOptions& o, uint64_t deadline_ns, int* dfd, DirectProbe* direct) {
+  if (deadline_ns == UINT64_MAX) {
+    DirOpening s;
+    open_and_probe(o, &s);
+    if (!ok(s.result)) return fail(s.result, "%s", s.error.c_str());
+    *dfd = s.fd;
+    *direct = s.direct;
+    return Result::kOk;
+  }
+  auto s = std::make_shared<DirOpening>();
+  std::thread([s, o] {
+    name_this_thread("open");
+    DirOpening mine;
+    open_and_probe(o, &mine);
+    std::lock_guard<std::mutex> g(s->mu);
+    if (s->abandoned) {
+      if (mine.fd >= 0) close(mine.fd);
+    } else {
+      s->result = mine.result;
+      s->error = std::move(mine.error);
+      s->fd = mine.fd;
+      s->direct = mine.direct;
+    }
+    s->done = true;
+    s->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> g(s->mu);
+  while (!s->done) {
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns) {
+      s->abandoned = true;
+      return fail(Result::kTimeout,
+                  "posix store directory %s: opening and probing it had not finished by init's deadline (is its "
+                  "file system hung?); the call is left on a thread of its own",
+                  o.dir.c_str());
+    }
+    s->cv.wait_for(g, std::chrono::nanoseconds(std::min<uint64_t>(deadline_ns - now, 100'000'000)));
+  }
+  if (!ok(s->result)) return fail(s->result, "%s", s->error.c_str());
+  *dfd = s->fd;
+  *direct = s->direct;
+  return Result::kOk;
+}
+
+}  // namespace
+
 Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, std::unique_ptr<PosixBackend>* out) {
   UCM_CHECK(check_block_file_fits(ctx));
   int dfd = -1;
-  UCM_CHECK(open_store_dir(o.dir, &dfd));
+  DirectProbe direct;
+  UCM_CHECK(open_store_bounded(o, ctx.open_deadline_ns, &dfd, &direct));
   struct DirCloser {
     int fd;
     ~DirCloser() {
       if (fd >= 0) close(fd);
     }
   } guard{dfd};
-  // The checks are on the directory itself, as opened.
-  UCM_CHECK(check_store_dir_owner(dfd, o.dir));
-  DirectProbe direct;
-  UCM_CHECK(probe_store_dir(dfd, o, &direct));
 
   std::unique_ptr<PosixBackend> b(new PosixBackend(o, ctx, dfd));
   guard.fd = -1;
