@@ -271,18 +271,14 @@ Result Cache::choose_data_numa(DataParams* dp) {
   uint32_t gpus = 0;
   std::string note;
   const uint64_t mine = scheduler() ? 0 : gpu_numa_nodes("/sys", &gpus, &note);
-  auto* both = new uint64_t[2]{mine, 0};  // on the heap: a reduction given up on may still land
-  MPI_Request q = MPI_REQUEST_NULL;
-  if (MPI_Iallreduce(&both[0], &both[1], 1, MPI_UINT64_T, MPI_BOR, node_.node, &q) != MPI_SUCCESS) {
-    delete[] both;
-    return fail(Result::kSystem, "reducing the GPUs' NUMA nodes over the node failed");
+  std::vector<char> each;
+  UCM_CHECK(allgather_watching(&mine, sizeof(mine), node_, "gathering the GPUs' NUMA nodes over the node", &each));
+  uint64_t all = 0;
+  for (size_t off = 0; off < each.size(); off += sizeof(mine)) {
+    uint64_t theirs = 0;
+    std::memcpy(&theirs, each.data() + off, sizeof(theirs));
+    all |= theirs;
   }
-  if (const Result r = wait_watching(&q, &node_.local_ids, "reducing the GPUs' NUMA nodes over the node"); !ok(r)) {
-    keep_for_abandoned_collective(both);
-    return r;
-  }
-  const uint64_t all = both[1];
-  delete[] both;
   dp->numa = choose_numa_policy(all, memory_numa_nodes("/sys"));
   if (node_.local_rank == 0) UCM_INFO(kData, "NUMA: this rank sees %s; data plane policy %s (%s)", note.c_str(),
                                       describe_numa(dp->numa.mode, dp->numa.nodes).c_str(), dp->numa.why.c_str());

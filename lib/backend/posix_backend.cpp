@@ -285,74 +285,68 @@ Result check_block_file_fits(const BackendContext& ctx) {
 namespace {
 
 // Opening the directory, its checks and the probe: the system calls that a
-// hung file system blocks. They run on a thread of their own, which touches
-// only this (shared with it), so the caller can give up at its deadline.
-struct DirOpening {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;       // under mu
-  bool abandoned = false;  // under mu: the caller gave up; the thread closes fd
+// hung file system blocks.
+struct DirOpened {
   Result result = Result::kOk;
-  std::string error;
+  std::string error;  // when result is not kOk
   int fd = -1;
   DirectProbe direct;
 };
 
-void open_and_probe(const PosixOptions& o, DirOpening* s) {
-  int dfd = -1;
-  Result r = open_store_dir(o.dir, &dfd);
+DirOpened open_and_probe(const PosixOptions& o) {
+  DirOpened d;
+  d.result = open_store_dir(o.dir, &d.fd);
   // The checks are on the directory itself, as opened.
-  if (ok(r)) r = check_store_dir_owner(dfd, o.dir);
-  DirectProbe direct;
-  if (ok(r)) r = probe_store_dir(dfd, o, &direct);
-  if (!ok(r) && dfd >= 0) close(dfd), dfd = -1;
-  s->result = r;
-  s->error = ok(r) ? std::string() : last_error();
-  s->fd = dfd;
-  s->direct = direct;
+  if (ok(d.result)) d.result = check_store_dir_owner(d.fd, o.dir);
+  if (ok(d.result)) d.result = probe_store_dir(d.fd, o, &d.direct);
+  if (!ok(d.result)) {
+    d.error = last_error();
+    if (d.fd >= 0) close(d.fd), d.fd = -1;
+  }
+  return d;
 }
 
+// With a deadline the calls run on a thread of their own, which touches only
+// this (shared with it), so the caller can give up on it.
+struct DirOpening {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // under mu
+  bool abandoned = false;  // under mu: the caller gave up; the thread closes the fd
+  DirOpened got;           // under mu, once done
+};
+
 Result open_store_bounded(const PosixOptions& o, uint64_t deadline_ns, int* dfd, DirectProbe* direct) {
+  DirOpened got;
   if (deadline_ns == UINT64_MAX) {
-    DirOpening s;
-    open_and_probe(o, &s);
-    if (!ok(s.result)) return fail(s.result, "%s", s.error.c_str());
-    *dfd = s.fd;
-    *direct = s.direct;
-    return Result::kOk;
-  }
-  auto s = std::make_shared<DirOpening>();
-  std::thread([s, o] {
-    name_this_thread("open");
-    DirOpening mine;
-    open_and_probe(o, &mine);
-    std::lock_guard<std::mutex> g(s->mu);
-    if (s->abandoned) {
-      if (mine.fd >= 0) close(mine.fd);
-    } else {
-      s->result = mine.result;
-      s->error = std::move(mine.error);
-      s->fd = mine.fd;
-      s->direct = mine.direct;
+    got = open_and_probe(o);
+  } else {
+    auto s = std::make_shared<DirOpening>();
+    std::thread([s, o] {
+      name_this_thread("open");
+      DirOpened mine = open_and_probe(o);
+      std::lock_guard<std::mutex> g(s->mu);
+      if (s->abandoned && mine.fd >= 0) close(mine.fd);
+      if (!s->abandoned) s->got = std::move(mine);
+      s->done = true;
+      s->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> g(s->mu);
+    for (uint64_t now = now_ns(); !s->done; now = now_ns()) {
+      if (now >= deadline_ns) {
+        s->abandoned = true;
+        return fail(Result::kTimeout,
+                    "posix store directory %s: opening and probing it had not finished by init's deadline (is its "
+                    "file system hung?); the call is left on a thread of its own",
+                    o.dir.c_str());
+      }
+      s->cv.wait_for(g, std::chrono::nanoseconds(std::min<uint64_t>(deadline_ns - now, 100'000'000)));
     }
-    s->done = true;
-    s->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> g(s->mu);
-  while (!s->done) {
-    const uint64_t now = now_ns();
-    if (now >= deadline_ns) {
-      s->abandoned = true;
-      return fail(Result::kTimeout,
-                  "posix store directory %s: opening and probing it had not finished by init's deadline (is its "
-                  "file system hung?); the call is left on a thread of its own",
-                  o.dir.c_str());
-    }
-    s->cv.wait_for(g, std::chrono::nanoseconds(std::min<uint64_t>(deadline_ns - now, 100'000'000)));
+    got = std::move(s->got);
   }
-  if (!ok(s->result)) return fail(s->result, "%s", s->error.c_str());
-  *dfd = s->fd;
-  *direct = s->direct;
+  if (!ok(got.result)) return fail(got.result, "%s", got.error.c_str());
+  *dfd = got.fd;
+  *direct = got.direct;
   return Result::kOk;
 }
 

@@ -35,8 +35,6 @@ struct NodeNumbering {
 
 // An allgather's buffers: each rank's `send`, everybody's in `recv`.
 struct Gathered {
-  Gathered(size_t bytes, int ranks) : send(bytes), recv(bytes * static_cast<size_t>(ranks)) {}
-  Result run(const NodeContext& n, const char* what);
   std::vector<char> send, recv;
 };
 
@@ -247,46 +245,42 @@ void node_teardown(NodeContext* n) {
   if (n->comm != MPI_COMM_NULL) MPI_Comm_free(&n->comm);
 }
 
-// One MPI_Iallgather over the node, watching its processes. `send` and
-// `recv` are on the heap: given up on, the gather may still land, and they
-// are kept for good.
-Result Gathered::run(const NodeContext& n, const char* what) {
+Result allgather_watching(const void* mine, size_t bytes, const NodeContext& n, const char* what,
+                          std::vector<char>* all) {
+  auto* g = new Gathered{std::vector<char>(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes),
+                         std::vector<char>(bytes * static_cast<size_t>(n.local_size))};
   MPI_Request q = MPI_REQUEST_NULL;
-  Result r = mpi_check(MPI_Iallgather(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(),
-                                      static_cast<int>(send.size()), MPI_BYTE, n.node, &q),
+  Result r = mpi_check(MPI_Iallgather(g->send.data(), static_cast<int>(bytes), MPI_BYTE, g->recv.data(),
+                                      static_cast<int>(bytes), MPI_BYTE, n.node, &q),
                        what);
   if (ok(r)) r = wait_watching(&q, &n.local_ids, what);
-  return r;
-}
-
-Result agree_on_config(const NodeContext& n, const Agreement& a) {
-  const size_t record = sizeof(AgreementRecord);
-  auto* g = new Gathered(record, n.local_size);
-  std::memcpy(g->send.data(), &a.record, record);
-  if (const Result r = g->run(n, "the node's comparison of its configs (MPI_Iallgather)"); !ok(r)) {
+  if (!ok(r)) {
     keep_for_abandoned_collective(g);
     return r;
   }
-  std::vector<AgreementRecord> all(n.local_size);
-  std::memcpy(all.data(), g->recv.data(), g->recv.size());
+  *all = std::move(g->recv);
   delete g;
+  return Result::kOk;
+}
+
+Result agree_on_config(const NodeContext& n, const Agreement& a) {
+  std::vector<char> gathered;
+  UCM_CHECK(allgather_watching(&a.record, sizeof(AgreementRecord), n,
+                               "the node's comparison of its configs (MPI_Iallgather)", &gathered));
+  std::vector<AgreementRecord> all(n.local_size);
+  std::memcpy(all.data(), gathered.data(), gathered.size());
   const size_t backend_bytes = a.backend_bytes;
   for (int r = 1; r < n.local_size; ++r) {
     for (int f = 0; f < AgreementRecord::kFields; ++f) {
       if (all[r].values[f] == all[0].values[f]) continue;
       if (std::strcmp(a.field_name(f), "backend") == 0) {
         // Compare the text itself to say what differs.
-        auto* specs = new Gathered(backend_bytes, n.local_size);
-        std::memcpy(specs->send.data(), a.backend, backend_bytes);
-        if (const Result got = specs->run(n, "the node's comparison of its backend specs (MPI_Iallgather)"); !ok(got)) {
-          keep_for_abandoned_collective(specs);
-          return got;
-        }
-        const std::string first(specs->recv.data()), theirs(specs->recv.data() + static_cast<size_t>(r) * backend_bytes);
-        delete specs;
+        std::vector<char> specs;
+        UCM_CHECK(allgather_watching(a.backend, backend_bytes, n,
+                                     "the node's comparison of its backend specs (MPI_Iallgather)", &specs));
         return fail(Result::kConfigMismatch,
                     "config field backend differs on node %d: local rank 0 has \"%s\", local rank %d has \"%s\"",
-                    n.node_id, first.c_str(), r, theirs.c_str());
+                    n.node_id, specs.data(), r, specs.data() + static_cast<size_t>(r) * backend_bytes);
       }
       return fail(Result::kConfigMismatch,
                   "config field %s differs on node %d: local rank 0 has %" PRIu64 ", local rank %d has %" PRIu64,

@@ -70,6 +70,10 @@ bool mpi_finalized();
 // Local rank 0's `bytes` at `buf` to every rank of n.node (MPI_Ibcast of a
 // heap copy, watching the node's processes: see wait_watching).
 [[nodiscard]] Result bcast_watching(void* buf, size_t bytes, const NodeContext& n, const char* what);
+// Every rank's `bytes` at `mine` into *all, by local rank (MPI_Iallgather
+// over n.node of heap buffers, watching the node's processes).
+[[nodiscard]] Result allgather_watching(const void* mine, size_t bytes, const NodeContext& n, const char* what,
+                                        std::vector<char>* all);
 // Keeps a collective's buffer that was given up on (it may still be written)
 // for the life of the process, reachable (LeakSanitizer reports none).
 void keep_for_abandoned_collective(void* buffer);

@@ -88,22 +88,16 @@ void LoadQueue::stop() {
   }
   if (dispatcher_.joinable()) dispatcher_.join();
   if (copier_.joinable()) copier_.join();
-  fail_items_left();
-}
-
-// The copier leaves once stopping finds no item; the dispatcher may still
-// hand over one it had pinned (a waiter's slot) after that. Those entries
-// fail here, and their pins go back (finalize's sweep found them and warned).
-void LoadQueue::fail_items_left() {
+  // The copier leaves once stopping finds no item; the dispatcher may still
+  // have handed over one it pinned (a waiter's slot): it fails, its pin goes back.
   std::deque<Item> left;
   {
     std::lock_guard<std::mutex> g(mu_);
     left.swap(items_);
   }
-  for (Item& it : left) {
-    const std::string why = key_text(it.task->entries()[it.index].key) + ": the cache was finalized while waiting for it";
-    fail_item(it, Result::kFinalized, why);
-  }
+  for (Item& it : left)
+    fail_item(it, Result::kFinalized,
+              key_text(it.task->entries()[it.index].key) + ": the cache was finalized while waiting for it");
 }
 
 uint64_t LoadQueue::io_in_flight() const {

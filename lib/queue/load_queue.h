@@ -240,7 +240,6 @@ class LoadQueue {
   void retire_copies(size_t keep);
   // Starts the copies queued since the last flush, as one batch.
   void flush_copies();
-  void fail_items_left();  // stop(): items the dispatcher handed over after the copier left
   void fail_item(Item& it, Result r, const std::string& why);
   static void on_io_done(IoRequest* req);
   void record_done(const Task& t);
