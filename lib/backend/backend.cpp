@@ -50,7 +50,13 @@ void AtomicBackendCounters::rejected(bool is_load) {
 }
 
 void AtomicBackendCounters::load_finished(const IoRequest& req) {
-  inflight_loads.fetch_sub(1, std::memory_order_relaxed);
+  load_io_ended();
+  load_counted(req);
+}
+
+void AtomicBackendCounters::load_io_ended() { inflight_loads.fetch_sub(1, std::memory_order_relaxed); }
+
+void AtomicBackendCounters::load_counted(const IoRequest& req) {
   loads.fetch_add(1, std::memory_order_relaxed);
   if (req.result == Result::kOk) bytes_loaded.fetch_add(req.bytes, std::memory_order_relaxed);
   else load_failures.fetch_add(1, std::memory_order_relaxed);

@@ -79,7 +79,7 @@ struct BackendCounters {
   uint64_t touches = 0;         // blocks passed to touch()
   uint64_t bytes_loaded = 0;
   uint64_t bytes_dumped = 0;
-  uint64_t inflight_loads = 0;  // now
+  uint64_t inflight_loads = 0;  // now: loads in the store's I/O (not those in their checks after it)
   uint64_t peak_inflight_loads = 0;
 };
 
@@ -125,7 +125,11 @@ struct AtomicBackendCounters {
   void load_started();
   // A request refused before it started (bad size or shard): completed, failed.
   void rejected(bool is_load);
-  void load_finished(const IoRequest& req);
+  void load_finished(const IoRequest& req);  // load_io_ended() and load_counted()
+  // A load's I/O is over (in flight no more), its checks may still run.
+  void load_io_ended();
+  // A load is over: counted by its result.
+  void load_counted(const IoRequest& req);
   void dump_finished(const IoRequest& req);
   BackendCounters snapshot() const;
 };

@@ -172,15 +172,30 @@ void PosixRing::arm_bell() {
   io_uring_sqe_set_data64(sqe, kBellTag);
 }
 
+// Every system call of the ring thread is a load's: counted into the store's
+// occupancy before each done() (whoever it wakes sees them) and after each wait.
+void PosixRing::count_syscalls() {
+  const uint64_t now = posix_thread_syscalls();
+  store_->load_syscalls_.fetch_add(now - syscalls_counted_, std::memory_order_relaxed);
+  syscalls_counted_ = now;
+}
+
 void PosixRing::main() {
   name_this_thread("uring");
+  syscalls_counted_ = posix_thread_syscalls();
   for (;;) {
+    // The kernel first: the reads that landed gave their places to queued
+    // loads, which go in before the landed ones' checksums and done().
     start_queued();
+    end_landed();
     {
       std::lock_guard<std::mutex> g(mu_);
       if (stopping_ && in_flight_ == 0) break;
     }
-    if (!wait_and_reap()) return;  // abandoned by shutdown()
+    if (!wait_and_reap()) {  // abandoned by shutdown()
+      end_landed();
+      return;
+    }
   }
   std::lock_guard<std::mutex> g(mu_);
   exited_ = true;
@@ -197,7 +212,7 @@ void PosixRing::start_queued() {
       std::lock_guard<std::mutex> g(mu_);
       if (queue_.empty() || in_flight_ >= depth_) {
         asleep_ = !stopping_ && in_flight_ < depth_;
-        return;
+        break;
       }
       req = queue_.front();
       queue_.pop_front();
@@ -209,7 +224,17 @@ void PosixRing::start_queued() {
     if (!prepare(req, rd, nothing_queued)) continue;  // completed (and rd freed)
     ++in_flight_;
     queue_read(rd);
+    // Into the kernel now, not after the next load's preparation (an open,
+    // an fstat, a header read) nor after the checks of what landed.
+    submit_queued();
   }
+  submit_queued();  // the rest of a short read, a read the kernel asked to redo
+}
+
+void PosixRing::submit_queued() {
+  if (io_uring_sq_ready(ring_.get()) == 0) return;
+  ++posix_thread_syscalls();
+  (void)io_uring_submit(ring_.get());  // what the kernel did not take goes in with the next wait
 }
 
 // The thread engine's first half of a load (open, header), then the file's
@@ -219,7 +244,6 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
   UCM_TRACE(TraceRange::kBackendLoad);
   store_->note_load_start(nothing_queued);
   store_->counters_.load_started();
-  const uint64_t calls0 = posix_thread_syscalls();
   bool ok = store_->begin_load(req, &rd->fd, &rd->h);
   if (ok) {
     rd->direct = store_->aligned_for_direct(req);
@@ -234,7 +258,6 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
       if (!ok) store_->end_load(req, rd->fd, rd->h, -errno);
     }
   }
-  store_->load_syscalls_.fetch_add(posix_thread_syscalls() - calls0, std::memory_order_relaxed);
   if (!ok) {
     finish(rd);
     return false;
@@ -268,7 +291,6 @@ void PosixRing::queue_read(Read* rd) {
 // the kernel (the thread returns).
 bool PosixRing::wait_and_reap() {
   io_uring_cqe* cqe = nullptr;
-  const uint64_t calls0 = posix_thread_syscalls();
   ++posix_thread_syscalls();
   const int w = io_uring_submit_and_wait(ring_.get(), 1);
   if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY)
@@ -287,7 +309,7 @@ bool PosixRing::wait_and_reap() {
     else if (!abandoned) arm_bell();
   }
   io_uring_cq_advance(ring_.get(), seen);
-  store_->load_syscalls_.fetch_add(posix_thread_syscalls() - calls0, std::memory_order_relaxed);
+  count_syscalls();
   return !abandoned || in_flight_ > 0;
 }
 
@@ -295,7 +317,7 @@ bool PosixRing::wait_and_reap() {
 // buffered, or finish the load.
 void PosixRing::on_read(Read* rd, int res, bool abandoned) {
   IoRequest* req = rd->req;
-  if (abandoned) return end_read(rd, res < 0 ? res : -EIO);  // nothing more goes into the buffer
+  if (abandoned) return land(rd, res < 0 ? res : -EIO);  // nothing more goes into the buffer
   if (res == -EAGAIN || res == -EINTR) return queue_read(rd);
   if (res == -EINVAL && rd->direct) {
     // Aligned as the kernel said, refused all the same: buffered from here.
@@ -309,10 +331,25 @@ void PosixRing::on_read(Read* rd, int res, bool abandoned) {
     rd->got += static_cast<uint64_t>(res);
     if (rd->got < req->bytes) return queue_read(rd);  // short: the rest, from where it stopped
   }
-  end_read(rd, res < 0 ? res : static_cast<ssize_t>(rd->got));
+  land(rd, res < 0 ? res : static_cast<ssize_t>(rd->got));
 }
 
-// The read is over (n: the shard's bytes read, or -errno): its checks, then done().
+// The read is out of the kernel for good (n: the shard's bytes read, or
+// -errno): its place goes to the next queued load at once; its checks and
+// done() wait for end_landed().
+void PosixRing::land(Read* rd, ssize_t n) {
+  --in_flight_;
+  store_->counters_.load_io_ended();
+  note_end();
+  landed_.push_back(Landed{rd, n});
+}
+
+void PosixRing::end_landed() {
+  for (const Landed& l : landed_) end_read(l.rd, l.n);
+  landed_.clear();
+}
+
+// A landed read's checks, then done().
 void PosixRing::end_read(Read* rd, ssize_t n) {
   // Every read of it was fixed (a direct read refused and redone buffered was not).
   if (rd->direct && rd->chunk >= 0) store_->fixed_reads_.fetch_add(1, std::memory_order_relaxed);
@@ -320,21 +357,32 @@ void PosixRing::end_read(Read* rd, ssize_t n) {
     UCM_TRACE(TraceRange::kBackendLoad);
     store_->end_load(rd->req, rd->fd, rd->h, n);
   }
-  --in_flight_;
-  finish(rd);
+  deliver(rd);
 }
 
-// The load is over (req->result says how): the counters, then its one done().
-void PosixRing::finish(Read* rd) {
-  IoRequest* req = rd->req;
-  delete rd;
-  store_->counters_.load_finished(*req);
+// The store's occupancy: a load left the kernel (or never reached it).
+void PosixRing::note_end() {
   bool nothing_queued = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     nothing_queued = queue_.empty();
   }
   store_->note_load_end(nothing_queued);
+}
+
+// A load that failed in its preparation: nothing reached the kernel.
+void PosixRing::finish(Read* rd) {
+  store_->counters_.load_io_ended();
+  note_end();
+  deliver(rd);
+}
+
+// The load is over (req->result says how): the counters, then its one done().
+void PosixRing::deliver(Read* rd) {
+  IoRequest* req = rd->req;
+  delete rd;
+  count_syscalls();
+  store_->counters_.load_counted(*req);
   {
     std::shared_lock<std::shared_mutex> g(store_->buf_mu_);
     if (store_->abandoned_) return;  // whoever gave us the request is gone
