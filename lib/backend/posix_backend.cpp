@@ -554,6 +554,10 @@ void PosixBackend::worker() {
   exit_cv_.notify_all();
 }
 
+bool PosixBackend::loads_read_direct() const {
+  return direct_io() && ctx_.shard_bytes % dio_off_align_ == 0 && ctx_.shard_bytes % dio_mem_align_ == 0;
+}
+
 bool PosixBackend::aligned_for_direct(const IoRequest* req) const {
   return direct_io() && reinterpret_cast<uintptr_t>(req->buf) % dio_mem_align_ == 0 &&
          req->bytes % dio_off_align_ == 0 && (uint64_t{req->key.shard} * ctx_.shard_bytes) % dio_off_align_ == 0;
@@ -823,6 +827,9 @@ void PosixBackend::do_dump(IoRequest* req) {
 
 void PosixBackend::touch(const BlockId* blocks, size_t n) {
   counters_.touches.fetch_add(n, std::memory_order_relaxed);
+  // Direct loads never read the page cache: warming it would only read whole
+  // files from the disk beside them.
+  if (loads_read_direct()) return;
   char err[sizeof(IoRequest::error)];
   for (size_t i = 0; i < n; ++i) {
     Key k;

@@ -155,6 +155,72 @@ TEST(PosixBackend, RoundTripAlignedUsesDirectIoWhereTheFsAcceptsIt) {
   round_trip(dir.path, 8192, ",direct=on,depth=2");
 }
 
+// Pages of the file at `path` in [0, bytes) that the page cache holds now.
+size_t cached_pages(const std::string& path, uint64_t bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return SIZE_MAX;
+  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return SIZE_MAX;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((bytes + page - 1) / page);
+  size_t n = SIZE_MAX;
+  if (mincore(p, bytes, v.data()) == 0) {
+    n = 0;
+    for (unsigned char c : v) n += c & 1;
+  }
+  munmap(p, bytes);
+  return n;
+}
+
+// Drops the file's clean pages from the page cache.
+void drop_cached(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  (void)fdatasync(fd);
+  EXPECT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  close(fd);
+}
+
+// touch() asks the OS to keep a block's file in the page cache: what a load
+// that reads through it is then served from. A store whose loads read direct
+// never reads the page cache, so the same advice would only read whole files
+// from the disk beside its loads (ucm_demo's 4 touched blocks: 32 MiB of
+// readahead competing with decode's first reads, docs/results.md): its touch
+// reads nothing. The buffered store is the control that the kernel here does
+// act on the advice, and how soon.
+TEST(PosixBackend, ATouchWarmsTheFilesOnlyOfAStoreWhoseLoadsReadThePageCache) {
+  std::string types;
+  const std::string base = direct_base(&types);
+  if (base.empty()) GTEST_SKIP() << "no disk file system here accepts O_DIRECT:" << types;
+  TempDir dir(base);
+  ASSERT_TRUE(dir.ok());
+  constexpr uint64_t kBytes = 65536;
+  constexpr uint64_t kShardPages = 4 * kBytes / 4096;
+  auto buffered = make_posix(dir.path, kBytes, 4, ",direct=off");
+  auto direct = make_posix(dir.path, kBytes, 4, ",direct=on");
+  ASSERT_NE(buffered, nullptr);
+  ASSERT_NE(direct, nullptr);
+  ASSERT_TRUE(direct->direct_io());
+  dump_blocks(buffered.get(), {1, 2}, 4, kBytes);
+  const std::string f1 = buffered->block_path(block(1)), f2 = direct->block_path(block(2));
+  drop_cached(f1);
+  drop_cached(f2);
+  if (cached_pages(f1, 4 * kBytes) != 0 || cached_pages(f2, 4 * kBytes) != 0)
+    GTEST_SKIP() << "the page cache here keeps pages that POSIX_FADV_DONTNEED should drop";
+  const BlockId b1 = block(1), b2 = block(2);
+  const uint64_t t0 = now_ns();
+  buffered->touch(&b1, 1);
+  while (cached_pages(f1, 4 * kBytes) < kShardPages && now_ns() - t0 < 5'000'000'000ull) usleep(1000);
+  const uint64_t took = now_ns() - t0;
+  ASSERT_EQ(cached_pages(f1, 4 * kBytes), kShardPages) << "the buffered store's touch warmed its file";
+  direct->touch(&b2, 1);
+  usleep(static_cast<useconds_t>(std::max<uint64_t>(2 * took / 1000, 50'000)));
+  EXPECT_EQ(cached_pages(f2, 4 * kBytes), 0u) << "the direct store's touch read its file into the page cache";
+  EXPECT_EQ(direct->counters().touches, 1u) << "and is counted all the same";
+  expect_blocks(direct.get(), {1, 2}, 4, kBytes);
+}
+
 // Loads shards 0-3 of blocks first..first+3 (`bytes` each), all 16 submitted
 // before any is waited for, and checks each came back.
 void load_at_once(PosixBackend* b, uint64_t first, uint64_t bytes) {
