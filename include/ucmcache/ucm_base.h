@@ -441,8 +441,8 @@ UCM_API ucm_result_t ucm_task_test(ucm_cache_t cache, ucm_task_t task, int* done
 /* Marks every resident shard of each block as recently used, then hands the
  * same batch to the backend's touch (which keeps its copy warm where its loads
  * read a cache of its own: the posix store's page cache when it reads buffered;
- * a posix store that reads direct does nothing more) on a thread of the
- * cache's, and returns without waiting for the store: touch is a hint, and
+ * a posix store that reads direct warms only the files' shard headers) on a
+ * thread of the cache's, and returns without waiting for the store: touch is a hint, and
  * a slow or stuck store never holds the caller. Batches reach the store in
  * call order; while it is held, at most 2^20 blocks wait, and a batch past
  * that is dropped (one warning). n == 0 does

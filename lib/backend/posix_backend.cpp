@@ -827,9 +827,11 @@ void PosixBackend::do_dump(IoRequest* req) {
 
 void PosixBackend::touch(const BlockId* blocks, size_t n) {
   counters_.touches.fetch_add(n, std::memory_order_relaxed);
-  // Direct loads never read the page cache: warming it would only read whole
-  // files from the disk beside them.
-  if (loads_read_direct()) return;
+  // Direct loads read only their headers through the page cache: warming the
+  // shards too would read whole files from the disk beside the loads, into
+  // pages no load reads.
+  const bool headers_only = loads_read_direct();
+  const off_t index_len = static_cast<off_t>(uint64_t{ctx_.shards_per_block} * sizeof(ShardHeader));
   char err[sizeof(IoRequest::error)];
   for (size_t i = 0; i < n; ++i) {
     Key k;
@@ -837,7 +839,8 @@ void PosixBackend::touch(const BlockId* blocks, size_t n) {
     int fd = -1;
     // Not stored here, or not a file of ours: nothing to keep warm.
     if (open_block(k, false, &fd, err, sizeof(err)) != Result::kOk) continue;
-    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    if (headers_only) (void)posix_fadvise(fd, static_cast<off_t>(index_off_), index_len, POSIX_FADV_WILLNEED);
+    else (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     close(fd);
   }
 }

@@ -36,9 +36,9 @@
 // redone buffered on the same request, which is marked direct_fallback; the
 // store then stops trying direct I/O (logged once). touch() asks the OS to keep
 // the blocks' files resident (POSIX_FADV_WILLNEED) where loads read through
-// the page cache; where they read direct it reads nothing (counted all the
-// same): the advice would read whole files from the disk beside the loads,
-// into a cache that no load reads.
+// the page cache; where they read direct, only the files' header indexes
+// (what a direct load still reads through the page cache): the whole file
+// would be read from the disk beside the loads, into pages no load reads.
 //
 // Spec: posix:/path[,depth=8][,direct=auto|on|off][,sync=0|1][,file_mode=0600]
 //                   [,engine=auto|threads|uring]
@@ -142,8 +142,8 @@ class PosixBackend final : public Backend {
   // Whether direct I/O is (still) used: false once the file system refused it.
   bool direct_io() const { return direct_ok_.load(std::memory_order_relaxed); }
   // Whether loads into the cache's slots read direct: direct I/O is used and
-  // a shard is sized for it (the slots are page-aligned). touch() then reads
-  // nothing: no load would be served from the page cache it warms.
+  // a shard is sized for it (the slots are page-aligned). touch() then warms
+  // the header indexes alone: no load reads a shard from the page cache.
   bool loads_read_direct() const;
   uint32_t dio_mem_align() const { return dio_mem_align_; }
   uint32_t dio_offset_align() const { return dio_off_align_; }

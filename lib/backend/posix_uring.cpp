@@ -55,6 +55,7 @@ Result PosixRing::create(PosixBackend* store, uint32_t depth, std::unique_ptr<Po
     r->ring_.reset();
     return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", depth + 1, strerror(-e));
   }
+  r->landed_.reserve(depth);  // no allocation on the ring thread
   r->register_buffers();
   r->bell_fd_ = eventfd(0, EFD_CLOEXEC);
   if (r->bell_fd_ < 0) return fail(Result::kSystem, "posix store: eventfd: %s", strerror(errno));
