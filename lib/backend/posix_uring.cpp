@@ -337,8 +337,16 @@ void PosixRing::on_read(Read* rd, int res, bool abandoned) {
 
 // The read is out of the kernel for good (n: the shard's bytes read, or
 // -errno): its place goes to the next queued load at once; its checks and
-// done() wait for end_landed().
+// done() wait for end_landed(). Its file is closed now, before the refill
+// opens the next ones: the store holds at most `depth` files open, as the
+// thread engine does (a landed read kept open past the refill doubled that,
+// and a process with `depth` descriptors to spare failed loads with EMFILE).
 void PosixRing::land(Read* rd, ssize_t n) {
+  if (rd->fd >= 0) {
+    ++posix_thread_syscalls();
+    close(rd->fd);
+    rd->fd = -1;
+  }
   --in_flight_;
   store_->counters_.load_io_ended();
   note_end();

@@ -8,7 +8,8 @@
 // thread, and one wake-up, per read).
 //
 // A wake-up, in this order: reap every completion (a read that landed leaves
-// the kernel's count at once: land()); prepare the queued loads into the
+// the kernel's count and closes its file at once: land(), so that the store
+// never holds more than `depth` files open); prepare the queued loads into the
 // places that freed and submit each read as soon as it is prepared; only then
 // checksum, close and done() the landed ones (end_landed()). The disk is never
 // kept a read short for the checks of others (ucm_demo kept 4 of 8 reads in
