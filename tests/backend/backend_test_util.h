@@ -2,8 +2,10 @@
 // the time each request completed and how often its done() ran.
 #pragma once
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
@@ -155,6 +157,17 @@ inline void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_
       const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
       ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
     }
+}
+
+// Flips the bits `mask` of the byte at `off` in the file at `path`.
+inline void xor_byte_at(const std::string& path, off_t off, uint8_t mask) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
+  uint8_t v = 0;
+  ASSERT_EQ(pread(fd, &v, 1, off), 1) << path << " at " << off;
+  v ^= mask;
+  ASSERT_EQ(pwrite(fd, &v, 1, off), 1) << path << " at " << off;
+  close(fd);
 }
 
 // Loads them back and checks every byte.

@@ -98,16 +98,6 @@ std::string fs_type(const std::string& dir) {
   return best_type;
 }
 
-void xor_byte_at(const std::string& path, off_t off, uint8_t mask) {
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
-  uint8_t v = 0;
-  ASSERT_EQ(pread(fd, &v, 1, off), 1) << path << " at " << off;
-  v ^= mask;
-  ASSERT_EQ(pwrite(fd, &v, 1, off), 1) << path << " at " << off;
-  close(fd);
-}
-
 off_t file_size(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return -1;

@@ -71,16 +71,6 @@ std::string block_hex(const Key& k) {
   return s;
 }
 
-void xor_byte_at(const std::string& path, off_t off, uint8_t mask) {
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << path << ": " << strerror(errno);
-  uint8_t v = 0;
-  ASSERT_EQ(pread(fd, &v, 1, off), 1) << path << " at " << off;
-  v ^= mask;
-  ASSERT_EQ(pwrite(fd, &v, 1, off), 1) << path << " at " << off;
-  close(fd);
-}
-
 // A load whose done() can hold the ring's thread (the only thread that runs
 // done() for the ring) until the test lets it go.
 struct Gate {
@@ -92,6 +82,26 @@ struct Gate {
 bool hold(Gate* g) {
   g->entered = true;
   return eventually("the gate opened", [g] { return g->open.load(); }, 10);
+}
+
+// The gate of the one ring a test holds at a time.
+Gate g_gate;
+
+// Loads `p` (key(1, 0) into `buf`) with a done() that holds the ring's thread
+// until g_gate opens, and returns once the thread is inside it: the loads made
+// next queue behind it.
+::testing::AssertionResult hold_the_ring(Backend* b, Op* p, Batch* batch, void* buf) {
+  g_gate.entered = false;
+  g_gate.open = false;
+  prepare(p, batch, key(1, 0), buf, kShard);
+  p->req.done = [](IoRequest* r) {
+    (void)hold(&g_gate);
+    op_done(r);
+  };
+  b->load(&p->req);
+  if (!eventually("P's done() entered", [] { return g_gate.entered.load(); }, 10))
+    return ::testing::AssertionFailure() << "the ring's thread never entered P's done()";
+  return ::testing::AssertionSuccess();
 }
 
 // What every batch must end with: each done() exactly once, nothing extra.
@@ -401,20 +411,11 @@ TEST(PosixRingAdversarial, ShutdownWhileLandedReadsWaitForTheirChecks) {
   auto b = make_ring(dir.path, ",depth=4,direct=auto");
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2, 3, 4}, kShards, kShard);
-  static Gate gate;
-  gate.entered = false;
-  gate.open = false;
   Batch batch;
   std::vector<Op> ops(12);
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
   for (size_t i = 0; i < ops.size(); ++i) bufs.push_back(std::make_unique<AlignedBuf>(kShard));
-  prepare(&ops[0], &batch, key(1, 0), bufs[0]->get(), kShard);
-  ops[0].req.done = [](IoRequest* r) {
-    (void)hold(&gate);
-    op_done(r);
-  };
-  b->load(&ops[0].req);
-  ASSERT_TRUE(eventually("P's done() entered", [] { return gate.entered.load(); }, 10));
+  ASSERT_TRUE(hold_the_ring(b.get(), &ops[0], &batch, bufs[0]->get()));
   // The ring's thread is inside P's done(): these queue behind it.
   for (size_t i = 1; i < ops.size(); ++i) {
     prepare(&ops[i], &batch, key(1 + i % 4, static_cast<uint32_t>(i % kShards)), bufs[i]->get(), kShard);
@@ -431,7 +432,7 @@ TEST(PosixRingAdversarial, ShutdownWhileLandedReadsWaitForTheirChecks) {
       (void)pbatch.wait(1, hang_ms());
       return probe.req.result == Result::kTimeout;
     }, 10);
-    gate.open = true;
+    g_gate.open = true;
   });
   uint32_t left = 0;
   {
@@ -462,9 +463,6 @@ TEST(PosixRingAdversarial, ShutdownPastItsDeadlineCallsNoDoneAfterItReturns) {
   auto b = make_ring(dir->path, ",depth=4,direct=off");
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2}, kShards, kShard);
-  static Gate gate;
-  gate.entered = false;
-  gate.open = false;
   // Kept with the store for the process's life (reachable, not leaked): its
   // requests may never complete, and it may never be destroyed.
   struct LeftBehind {
@@ -479,13 +477,7 @@ TEST(PosixRingAdversarial, ShutdownPastItsDeadlineCallsNoDoneAfterItReturns) {
   std::vector<Op>* ops = &kept->back()->ops;
   std::vector<std::unique_ptr<AlignedBuf>>* bufs = &kept->back()->bufs;
   for (size_t i = 0; i < ops->size(); ++i) bufs->push_back(std::make_unique<AlignedBuf>(kShard));
-  prepare(&(*ops)[0], batch, key(1, 0), (*bufs)[0]->get(), kShard);
-  (*ops)[0].req.done = [](IoRequest* r) {
-    (void)hold(&gate);
-    op_done(r);
-  };
-  b->load(&(*ops)[0].req);
-  ASSERT_TRUE(eventually("P's done() entered", [] { return gate.entered.load(); }, 10));
+  ASSERT_TRUE(hold_the_ring(b.get(), &(*ops)[0], batch, (*bufs)[0]->get()));
   for (size_t i = 1; i < ops->size(); ++i) {
     prepare(&(*ops)[i], batch, key(1 + i % 2, static_cast<uint32_t>(i % kShards)), (*bufs)[i]->get(), kShard);
     b->load(&(*ops)[i].req);
@@ -493,7 +485,7 @@ TEST(PosixRingAdversarial, ShutdownPastItsDeadlineCallsNoDoneAfterItReturns) {
   const uint64_t deadline = now_ns() + 20'000'000;
   std::thread opener([&] {
     (void)eventually("the deadline passed", [&] { return now_ns() > deadline + 20'000'000; }, 10);
-    gate.open = true;
+    g_gate.open = true;
   });
   uint32_t left = 0;
   {
@@ -535,20 +527,11 @@ void damage_while_queued(const std::string& mode, uint32_t depth) {
   auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=" + mode);
   ASSERT_NE(b, nullptr);
   dump_blocks(b.get(), {1, 2, 3, 4, 5, 6, 7, 8}, kShards, kShard);
-  static Gate gate;
-  gate.entered = false;
-  gate.open = false;
   Batch batch;
   std::vector<Op> ops(9);
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
   for (size_t i = 0; i < ops.size(); ++i) bufs.push_back(std::make_unique<AlignedBuf>(kShard));
-  prepare(&ops[0], &batch, key(1, 0), bufs[0]->get(), kShard);
-  ops[0].req.done = [](IoRequest* r) {
-    (void)hold(&gate);
-    op_done(r);
-  };
-  b->load(&ops[0].req);
-  ASSERT_TRUE(eventually("P's done() entered", [] { return gate.entered.load(); }, 10));
+  ASSERT_TRUE(hold_the_ring(b.get(), &ops[0], &batch, bufs[0]->get()));
   // 1: removed; 2: replaced by block 8's file; 3: emptied; 4: cut into its
   // index; 5: a hole punched over shard 1; 6: a byte flipped in shard 3;
   // 7: untouched (the control); 8 is the replacement (gone from its name).
@@ -585,7 +568,7 @@ void damage_while_queued(const std::string& mode, uint32_t depth) {
     if (f != 0) GTEST_SKIP() << "no hole punching here: " << strerror(errno);
   }
   xor_byte_at(b->block_path(key(6, 0).block), static_cast<off_t>(3 * kShard + kShard - 1), 0x01);
-  gate.open = true;
+  g_gate.open = true;
   ASSERT_TRUE(batch.wait(ops.size(), hang_ms()));
   EXPECT_EQ(res(ops[0].req.result), res(Result::kOk)) << ops[0].req.error;
   for (size_t i = 0; i < cases.size(); ++i) {
