@@ -11,7 +11,7 @@
 // the kernel's count and closes its file at once: land(), so that the store
 // never holds more than `depth` files open); prepare the queued loads into the
 // places that freed and submit each read as soon as it is prepared; only then
-// checksum, close and done() the landed ones (end_landed()). The disk is never
+// checksum and done() the landed ones (end_landed()). The disk is never
 // kept a read short for the checks of others (ucm_demo kept 4 of 8 reads in
 // the kernel when the checks came first, docs/results.md).
 //

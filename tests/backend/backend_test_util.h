@@ -24,6 +24,7 @@
 #include "backend/sim_content.h"
 #include "common/test_util.h"
 #include "common/time.h"
+#include "ucm_build_config.h"
 
 namespace ucm::test {
 
@@ -157,6 +158,16 @@ inline void dump_blocks(Backend* b, const std::vector<uint64_t>& blocks, uint32_
       const SyncResult r = dump_sync(b, key(blk, s), buf.get(), bytes);
       ASSERT_EQ(res(r.result), res(Result::kOk)) << "block " << blk << " shard " << s << ": " << r.error;
     }
+}
+
+// Empty where engine=uring works here; else why not (a skip's reason).
+inline std::string no_ring_here() {
+  if (!UCM_HAVE_URING) return "built without io_uring (meson -Dio_uring)";
+  TempDir dir;
+  BackendContext c{4096, 1};
+  std::unique_ptr<Backend> probe;
+  const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
+  return made == Result::kUnsupported ? "the kernel refuses io_uring here: " + last_error() : "";
 }
 
 // Flips the bits `mask` of the byte at `off` in the file at `path`.

@@ -404,16 +404,6 @@ struct Mapped {
   Mapped& operator=(const Mapped&) = delete;
 };
 
-// Empty where engine=uring works here; else why not (a skip's reason).
-std::string no_ring_here() {
-  if (!UCM_HAVE_URING) return "built without io_uring (meson -Dio_uring)";
-  TempDir dir;
-  BackendContext c{4096, 1};
-  std::unique_ptr<Backend> probe;
-  const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
-  return made == Result::kUnsupported ? "the kernel refuses io_uring here: " + last_error() : "";
-}
-
 // The store's threads carry names (common/thread_name.h): a profile of a job
 // says which threads are the store's I/O, by engine.
 TEST(PosixBackend, ItsThreadsAreNamedByEngine) {

@@ -38,17 +38,6 @@ constexpr uint32_t kShards = 4;
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
-// Empty where engine=uring works here; else why not (a skip's reason).
-std::string no_ring_here() {
-  if (!UCM_HAVE_URING) return "built without io_uring (meson -Dio_uring)";
-  TempDir dir;
-  BackendContext c{kShard, kShards};
-  std::unique_ptr<Backend> probe;
-  const Result made = make_backend("posix:" + dir.path + ",engine=uring", c, &probe);
-  if (made == Result::kUnsupported) return "the kernel refuses io_uring here: " + last_error();
-  return "";
-}
-
 std::unique_ptr<PosixBackend> make_ring(const std::string& dir, const std::string& extra,
                                         std::vector<std::pair<void*, uint64_t>> buffers = {}) {
   BackendContext c;
