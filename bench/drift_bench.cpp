@@ -4,10 +4,12 @@
 //
 //   mpirun -np 4 ucm_drift_bench [--tasks 48] [--task-shards 8] [--lag-tasks 3]
 //       [--slow-ranks 1] [--linear] [--cache-tasks 0] [--period-us 2000] [--jitter-us 0] [--latency-us 500]
-//       [--shard-bytes 16384] [--reps 1] [--check]
+//       [--shard-bytes 16384] [--repeat-after 0] [--reps 1] [--check]
 //
 // Every rank runs the same node-collective tasks (task t asks for
-// task-shards new shards). Rank r starts task t at t x period plus its lag
+// task-shards new shards; with --repeat-after R, the tasks come in runs of
+// R, and every second run asks again for the shards of the run before it, R
+// tasks later: shards the cache still holds, asked for by a later task). Rank r starts task t at t x period plus its lag
 // and a random jitter in [0, jitter-us). The lag: the last slow-ranks ranks
 // lag lag-tasks tasks of period behind the others (two groups drifting
 // apart); with --linear, rank r lags r x lag-tasks / (ranks - 1). The cache holds
@@ -46,6 +48,7 @@ struct Args {
   uint32_t jitter_us = 0;
   uint32_t latency_us = 500;
   uint64_t shard_bytes = 16384;
+  uint32_t repeat_after = 0;
   uint32_t reps = 1;
   bool check = false;
 };
@@ -80,6 +83,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--jitter-us") a.jitter_us = static_cast<uint32_t>(num(0, 10'000'000));
     else if (s == "--latency-us") a.latency_us = static_cast<uint32_t>(num(0, 10'000'000));
     else if (s == "--shard-bytes") a.shard_bytes = num(64, 64ull << 20);
+    else if (s == "--repeat-after") a.repeat_after = static_cast<uint32_t>(num(0, 1 << 16));
     else if (s == "--reps") a.reps = static_cast<uint32_t>(num(1, 1000));
     else if (s == "--check") a.check = true;
     else usage(argv[i]);
@@ -107,6 +111,12 @@ ucm_key_t task_key(uint32_t task, uint32_t i, uint32_t task_shards) {
   std::memcpy(k.block.bytes + 8, &hi, 8);
   k.shard = 0;
   return k;
+}
+
+// The task whose shards task t asks for: itself, or with --repeat-after R,
+// in every second run of R tasks, the task R before it.
+uint32_t keys_of(const Args& a, uint32_t t) {
+  return a.repeat_after && (t / a.repeat_after) % 2 == 1 ? t - a.repeat_after : t;
 }
 
 enum class Mode { kProtect, kNoProtect, kSolo };
@@ -166,7 +176,7 @@ Outcome run(const Args& a, Mode m, uint32_t rep) {
       sleep_until(t0 + static_cast<int64_t>(at_us * 1000));
       for (uint32_t i = 0; i < a.task_shards; ++i) {
         std::memset(dst[i].data(), 0xee, 64);
-        entries[i].key = task_key(t, i, a.task_shards);
+        entries[i].key = task_key(keys_of(a, t), i, a.task_shards);
         entries[i].dst = dst[i].data();
       }
       ucm_task_t task = 0;
@@ -209,14 +219,15 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   const Args a = parse(argc, argv);
-  const uint64_t unique = uint64_t{a.tasks} * a.task_shards;
+  uint64_t unique = 0;
+  for (uint32_t t = 0; t < a.tasks; ++t) unique += keys_of(a, t) == t ? a.task_shards : 0;
   if (g_rank == 0)
     std::printf("ucm_drift_bench: %d ranks, %u tasks of %u shards (%" PRIu64 " unique), %s lag %u tasks of "
-                "%u us, jitter %u us, cache %u tasks (%u slots), sim latency %u us\n",
+                "%u us, jitter %u us, cache %u tasks (%u slots), sim latency %u us, repeat after %u tasks\n",
                 g_size, a.tasks, a.task_shards, unique,
                 a.linear ? "the last rank (linear)" : (std::to_string(a.slow_ranks) + " slow rank(s)").c_str(),
                 a.lag_tasks, a.period_us, a.jitter_us, a.cache_tasks,
-                a.cache_tasks * a.task_shards, a.latency_us);
+                a.cache_tasks * a.task_shards, a.latency_us, a.repeat_after);
   const Mode modes[] = {Mode::kSolo, Mode::kProtect, Mode::kNoProtect};
   for (uint32_t rep = 0; rep < a.reps; ++rep) {
     uint64_t solo = 0;

@@ -37,7 +37,8 @@
 #              each L in E2E_DRIFT_LAGS (0 1 2 3 4 6 8: how many tasks the slow
 #              rank lags): loads per unique shard, loads 4 ranks / 1 rank and
 #              owner loads max/min, with protection and without (goal 1;
-#              plots/drift.svg, drift_owners.svg)
+#              plots/drift.svg, drift_owners.svg); then at lags 3 and 6 with
+#              --repeat-after 3 (shards asked for again 3 tasks later)
 #   taskcost   mpirun -np 1, then -np 2, ucm_task_cost_bench: per kind of task
 #              and size, us above memcpy, fraction of memcpy, context
 #              switches per task (goal 3)
@@ -111,10 +112,10 @@ case $SIZE in full | smoke) ;; *) echo "measure_e2e: E2E_SIZE=$SIZE: full or smo
 # HIT_SHARD_SLOTS; the 16 KiB run makes a quarter of the hits (the same bytes
 # copied as a 4 KiB run: its time is the copies').
 if [[ $SIZE == full ]]; then
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 MPI_TIMEOUT=300
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 2 3 4 6 8} DRIFT_CACHE=4 DRIFT_REPEAT_LAGS="3 6" MPI_TIMEOUT=300
   HIT_RUNS="65536:4096 524288:4096 65536:1024 65536:16384:50000" HIT_SHARD_SLOTS=65536
 else
-  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 MPI_TIMEOUT=60
+  DRIFT_LAGS=${E2E_DRIFT_LAGS:-0 1 3} DRIFT_CACHE=2 DRIFT_REPEAT_LAGS=1 MPI_TIMEOUT=60
   HIT_RUNS="8192:4096 8192:1024" HIT_SHARD_SLOTS=8192
 fi
 for l in $DRIFT_LAGS; do
@@ -345,6 +346,22 @@ for m in ("solo", "protect", "no-protect"):
         # for it, so it rightly owns none (max/min inf) -- goal 1's "once per
         # node" and a balance cannot both hold for it.
         emit("owner loads max/min, %s, lag %s tasks" % (how, lag), r[3], "<= 1.5" if m == "protect" and lag == "0" else "-")
+PY
+  done
+  # Shards the cache still holds, asked for again by a later task
+  # (--repeat-after R: every second run of R tasks asks for the run before
+  # it; R = the cache's tasks - 1, so that rank 0 alone hits them), the slow
+  # rank L tasks behind: what a hit must keep for the ranks behind it.
+  local repeat=$((DRIFT_CACHE - 1))
+  for lag in $DRIFT_REPEAT_LAGS; do
+    run "drift-repeat-lag$lag-rep$rep" mpirun --oversubscribe --timeout "$MPI_TIMEOUT" -np 4 \
+      "$BUILD/bench/ucm_drift_bench" "${args[@]}" --lag-tasks "$lag" --repeat-after "$repeat"
+    parse drift "$rep" "drift-repeat-lag$lag-rep$rep" "$lag" "$repeat" <<'PY'
+lag, repeat = sys.argv[4], sys.argv[5]
+for m, how in (("protect", "with protection"), ("no-protect", "without protection")):
+    r = need(r"^rep \d+ %s\s+loads\s+\d+\s+per-unique [\d.]+\s+vs-solo ([\d.]+)" % re.escape(m), "%s line" % m)
+    emit("loads 4 ranks / 1 rank, %s, lag %s tasks, shards asked for again %s tasks later" % (how, lag, repeat),
+         r[1], "<= 1.05" if m == "protect" else "-")
 PY
   done
 }

@@ -127,7 +127,7 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
     const State s = word_state(w);
     if (s == State::kReady) {
       mark_accessed(c, i);
-      if (protect_) guard_take(c, opts_.rank, i);
+      if (protect_) guard_take(c, opts_.rank, i, task_ordinal_.load(std::memory_order_relaxed));
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
       return Result::kOk;
@@ -164,7 +164,7 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
       *out = GetResult{GetKind::kOwner, i, nw, was_prealloc, false};
       return Result::kOk;
     }
-    if (protect_) guard_take(c, opts_.rank, i);  // it will copy it once Ready
+    if (protect_) guard_take(c, opts_.rank, i, task_ordinal_.load(std::memory_order_relaxed));  // it will copy it once Ready
     bump(ctr_->waits);
     *out = GetResult{GetKind::kWaiter, i, w, false, false};
     return Result::kOk;
@@ -229,8 +229,9 @@ void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
   }
 }
 
-void CacheBuffer::take_all(const uint32_t* slots, size_t n) {
-  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i]);
+void CacheBuffer::take_all(const uint32_t* slots, size_t n, uint32_t ordinal) {
+  if (!protect_) return;
+  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i], ordinal);
 }
 
 void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
@@ -259,10 +260,10 @@ bool CacheBuffer::pin_all_ready(size_t n, KeyRun keys, uint32_t* slots) {
     unpin_ready(slots, i);
     return false;
   }
-  // Taken only now: a batch that gives up copied nothing, and a take it had
-  // recorded would let peers evict a shard this rank still has to copy
-  // (ctrl/protect.h). The pins keep every slot until then.
-  if (protect_) take_all(slots, n);
+  // Not taken here: the caller takes the batch (take_all) once it knows the
+  // ordinal of its task, which it numbers only when the batch is all hits. A
+  // batch that gives up copied nothing, and a take it had recorded would let
+  // peers evict a shard this rank still has to copy (ctrl/protect.h).
   tally(static_cast<int64_t>(n));
   return true;
 }

@@ -112,9 +112,10 @@ class CacheBuffer {
   void set_task_ordinal(uint32_t ordinal) { task_ordinal_.store(ordinal, std::memory_order_relaxed); }
   // A hit or nothing, for a batch (the load queue's inline path,
   // queue/load_queue.cpp run_inline): when every keys[0..n) is resident
-  // and Ready, pins each, marks it accessed and, once all are pinned, taken
-  // (ctrl/protect.h) as get()'s hit does, and returns true with slots[0..n) filled (n
-  // references: release_ready_pins() them). The caller counts the hits
+  // and Ready, pins each, marks it accessed, and returns true with
+  // slots[0..n) filled (n references: release_ready_pins() them); the caller
+  // then numbers its task and takes the batch for it (take_all), as get()'s
+  // hit takes its slot. The caller counts the hits
   // (RankCounters.hits) once it uses them. Anything else for any key
   // (absent, being filled, Failed, Corrupt, claimed by an evictor, a corrupt
   // chain, a scheduler rank): false, with nothing held, installed or taken
@@ -122,6 +123,9 @@ class CacheBuffer {
   // slot record are started before the first pin (prefetch_records), and
   // references_held() is counted once per batch.
   [[nodiscard]] bool pin_all_ready(size_t n, KeyRun keys, uint32_t* slots);
+  // The takes (ctrl/protect.h, guard_take) of the slots[0..n) a
+  // pin_all_ready() batch pinned, for the caller's load task `ordinal`.
+  void take_all(const uint32_t* slots, size_t n, uint32_t ordinal);
   // Drops the pins pin_all_ready() took.
   void release_ready_pins(const uint32_t* slots, size_t n) {
     unpin_ready(slots, n);
@@ -267,7 +271,6 @@ class CacheBuffer {
   // pin_all_ready()'s pin of k, in bucket b, without the reference count
   // (its caller counts); unpin_ready() drops such pins, uncounted.
   bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
-  void take_all(const uint32_t* slots, size_t n);  // pin_all_ready's takes (ctrl/protect.h)
   void unpin_ready(const uint32_t* slots, size_t n);
   // pin_all_ready()'s prefetch of the records of buckets[0..n)'s heads (it
   // prefetched the heads themselves as it hashed the keys).

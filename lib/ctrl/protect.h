@@ -6,16 +6,21 @@
 // fast rank loaded before a slow rank copied it, and the slow rank would load
 // it again. So a loaded slot carries a guard word (guard[slot], layout.h):
 //
-//   bits 0-15   taken: ranks that have taken the slot (hit or waiter) since its key was installed
-//   bit 16      armed: a load (not a dump) made this residency Ready
+//   bits 0-15   taken: ranks that have taken the slot (hit or waiter) for its task
+//   bit 16      armed: a load (not a dump) made this residency Ready, or a load task took it
 //   bit 17      hinted: a prealloc's stamp (below)
-//   bits 18-31  task: the ordinal (mod 2^14) of the owner's load task that made this residency
+//   bits 18-31  task: the ordinal (mod 2^14) of the load task the residency serves: the
+//               owner's that made it, or the latest that took it (guard_take)
 //   bits 32-63  arm time, CLOCK_MONOTONIC milliseconds (low 32 bits; compared modulo 2^32)
 //
 // Who writes it:
 //   - the claimer, when it installs a key (install_claimed_slot): 0;
-//   - every rank that takes the slot: fetch_or of its bit, only when the bit
-//     is not yet set (the hit path pays one load; the first take one RMW);
+//   - every rank that takes the slot for the stamped task: fetch_or of its
+//     bit, only when the bit is not yet set (the hit path pays one load; the
+//     first take one RMW); the first rank that takes it for a later task: a
+//     CAS that starts that task's round (guard_take). A take holds a pin, so
+//     an evictor that claims the slot later has synchronized with the unpin
+//     and sees the take;
 //   - the load's owner, just before the CAS that makes the slot Ready
 //     (mark_ready, never mark_ready_for_write): a CAS that keeps the taken
 //     bits, adds its own, sets armed and the time. The owner still holds its
@@ -118,11 +123,31 @@ inline bool task_passed(uint32_t passed, uint32_t task) {
 // The clock of the arm time and the grace: CLOCK_MONOTONIC in ms, truncated.
 inline uint32_t protect_now_ms() { return static_cast<uint32_t>(now_ns() / 1000000ull); }
 
-// Rank r has taken slot i (a hit, or a waiter that will copy it).
-inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i) {
+// Rank r takes slot i for its load task `ordinal` (a hit, or a waiter that
+// will copy it). By the residency's task stamp:
+//   - this task: r's bit (one load on the hit path, one RMW for the first take);
+//   - a later task (r lags: a peer ahead loaded or took it for that task):
+//     nothing; r is owed it until it takes it for that task or passes it;
+//   - an earlier task (or none: a dump's residency): a new round for this
+//     task, armed now, taken by r alone. The shard is asked for again, so
+//     every copier not past this task will copy it again: a resident shard
+//     the fast rank hits stays for the slow ones as a loaded one does.
+inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ordinal) {
   std::atomic<uint64_t>& g = c.guard(i);
   const uint64_t bit = 1ull << r;
-  if (!(g.load(std::memory_order_relaxed) & bit)) g.fetch_or(bit, std::memory_order_relaxed);
+  const uint32_t task = ordinal & (kGuardTaskModulo - 1);
+  uint64_t v = g.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t stamp = guard_task(v);
+    if (stamp == task) {
+      if (!(v & bit)) g.fetch_or(bit, std::memory_order_relaxed);
+      return;
+    }
+    if (task_passed(stamp, task)) return;  // stamped for a later task than ours
+    const uint64_t round = (uint64_t{protect_now_ms()} << kGuardTimeShift) | kGuardArmed |
+                           (uint64_t{task} << kGuardTaskShift) | bit;
+    if (g.compare_exchange_weak(v, round, std::memory_order_relaxed)) return;
+  }
 }
 
 // The new owner of slot i (a miss that installed it, a takeover) serves load

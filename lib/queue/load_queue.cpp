@@ -131,6 +131,7 @@ bool LoadQueue::run_inline(Task& t) {
   // again (and counts its hits then).
   if (!cache_->pin_all_ready(n, KeyRun{&es[0].key, sizeof(TaskEntry)}, slots.data())) return false;
   t.set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
+  cache_->take_all(slots.data(), n, t.ordinal());  // for this task (ctrl/protect.h): before the copy, under the pins
   add(ctr_->tasks, 1);
   add(ctr_->shards, n);
   add(ctr_->inline_hits, n);  // not RankCounters.hits: see counters.h

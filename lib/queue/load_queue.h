@@ -8,8 +8,9 @@
 // The inline path (QueueOptions::inline_hits, over the host engine only): a
 // load task whose every entry is Ready in the cache when submit() looks never
 // reaches the dispatcher. The submitting thread pins each entry's slot
-// (CacheBuffer::pin_all_ready: a hit, accessed and taken for the eviction
-// protection exactly as the dispatcher's get() would), copies them with
+// (CacheBuffer::pin_all_ready: a hit, accessed), numbers the task and takes
+// the slots for it (take_all: the eviction protection's take, exactly as the
+// dispatcher's get() would), copies them with
 // memcpy, releases the pins, counts the task, its shards, hits, bytes and
 // latency, and finishes the task before submit() returns. One entry that is
 // not a hit (absent, being filled, Failed, Corrupt, claimed by an evictor)
