@@ -205,6 +205,7 @@ class LoadQueue {
   // takes them (ctrl/protect.h), while the ranks that loaded them wait for
   // slots that this rank's loads hold, and none would take the other's
   // before its own stride was done: every rank waited out the grace.
+  GetFor get_for(const Task& t) const;
   Result get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine = nullptr);
   // Dispatches, out of order, the entries of t not yet dispatched whose keys
   // some rank serves, each with one get() that never waits for space; true

@@ -201,6 +201,81 @@ TEST_F(Protect, ATakeForAnEarlierTaskThanTheStampRecordsNothing) {
   r0_->release(o.slot);
 }
 
+// A stamp farther ahead of the taker's task than kGuardLagWindow is not
+// drift but a rank numbered out of step with its peers (one that joined
+// late, or submitted load tasks they did not): its take counts as it did
+// before ordinals, or it would be owed every shard for the whole grace.
+TEST_F(Protect, ATakeFarBehindTheStampCountsAsBefore) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  r0_->set_task_ordinal(kGuardLagWindow + 1);
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), 11));  // rank 1's task 0
+  EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u);
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(slots[1]).load()), kGuardLagWindow + 1) << "the stamp stays";
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kOk) << last_error();
+  EXPECT_EQ(o.slot, slots[1]);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+}
+
+// A waiter starts no round: the load in flight is its owner's (task 0 here),
+// which the owner arms when it lands; a waiter for a later task (3) is past
+// task 0 and records nothing, and never arms a slot that is not Ready.
+TEST_F(Protect, AWaiterForALaterTaskStartsNoRound) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(20, 0), &o), Result::kOk);
+  ASSERT_EQ(o.kind, GetKind::kOwner);
+  ASSERT_EQ(r1_->get(key(20, 0), &w, GetFor{3, true}), Result::kOk);
+  ASSERT_EQ(w.kind, GetKind::kWaiter);
+  uint64_t g = tc_.ctrl.guard(o.slot).load();
+  EXPECT_FALSE(guard_armed(g)) << "not Ready: not armed";
+  EXPECT_EQ(guard_task(g), 0u);
+  EXPECT_EQ(guard_taken(g), 0u);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  g = tc_.ctrl.guard(o.slot).load();
+  EXPECT_TRUE(guard_armed(g));
+  EXPECT_EQ(guard_task(g), 0u) << "the owner's round";
+  EXPECT_EQ(guard_taken(g), 1u) << "the owner's take";
+  r1_->release(w.slot);
+  r0_->release(o.slot);
+}
+
+// A dump's get copies nothing to its rank: a hit or a wait for a dump takes
+// nothing and starts no round, whatever the ordinal it carries.
+TEST_F(Protect, ADumpsGetTakesNothing) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, 1);
+  const uint64_t before = tc_.ctrl.guard(slots[0]).load();
+  GetResult g;
+  ASSERT_EQ(r1_->get(key(10, 0), &g, GetFor{9, false}), Result::kOk);
+  ASSERT_EQ(g.kind, GetKind::kHit);
+  EXPECT_EQ(tc_.ctrl.guard(slots[0]).load(), before);
+  r1_->release(g.slot);
+}
+
+// A get names the task it serves: its stamp and its take are that task's,
+// not the task set_task_ordinal() last named (the dispatcher's, which the
+// copier's retries of an older task would otherwise use).
+TEST_F(Protect, AGetStampsAndTakesForTheTaskItNames) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  r0_->set_task_ordinal(7);
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(30, 0), &o, GetFor{2, true}), Result::kOk);
+  ASSERT_EQ(o.kind, GetKind::kOwner);
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(o.slot).load()), 2u);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  r1_->set_task_ordinal(9);
+  GetResult h;
+  ASSERT_EQ(r1_->get(key(30, 0), &h, GetFor{2, true}), Result::kOk);
+  ASSERT_EQ(h.kind, GetKind::kHit);
+  EXPECT_EQ(guard_taken(tc_.ctrl.guard(o.slot).load()), 3u) << "taken for task 2, in the owner's round";
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(o.slot).load()), 2u);
+  r1_->release(h.slot);
+}
+
 // Rank 1's queue numbers its load tasks and publishes how many it has
 // finished dispatching, through the dispatcher and through the inline path,
 // and its loads carry the ordinal of their task.
