@@ -316,7 +316,7 @@ Result Cache::fetch_planes_of_rank0(const CtrlParams& cp, const DataParams& dp, 
   expect.segment_bytes = dp.segment_bytes;
   expect.data_total_slots = dp.total_slots;
   Result r = fetch_planes(nonce, static_cast<uint32_t>(node_.local_rank), !scheduler(), node_.local_ids[0], deadline,
-                          &desc, &fds, &expect);
+                          &desc, &fds, &expect, &node_.local_ids);
   if (ok(r))
     r = BufferCtrl::attach(fds[0], &cp, &ctrl_, config_.hugepages == UCM_HUGEPAGES_OFF ? CtrlPages::kOff : CtrlPages::kAuto);
   if (ok(r) && !scheduler()) r = BufferData::attach(dp, desc.hugetlb != 0, fds.data() + 1, desc.segment_count, &data_);

@@ -146,11 +146,28 @@ class ReceivedFds {
   std::vector<int> fds_;
 };
 
+// The node's other ranks (by local rank; rank 0 and this one are skipped: the
+// callers watch rank 0 themselves): a dead one ends this rank's wait with its
+// name. Local rank 0 stops serving and closes its socket at the first peer
+// that dies unserved (FdServer::serve), so a peer not yet served would retry
+// its connect against nothing until its deadline (timeout_ms: 30 s by default)
+// and then blame rank 0's socket.
+Result check_node_alive(const std::vector<ProcessIdentity>* node, uint32_t self) {
+  if (!node) return Result::kOk;
+  for (uint32_t r = 1; r < node->size(); ++r)
+    if (r != self && !is_alive((*node)[r]))
+      return fail(Result::kPeerDead, "local rank %u (pid %d) died during init, before the node's cache was set up", r,
+                  (*node)[r].pid);
+  return Result::kOk;
+}
+
 // Connects to local rank 0's socket, retrying while it is not listening yet,
-// as long as rank 0 lives and the deadline allows.
-Result connect_to_rank0(uint64_t nonce, const ProcessIdentity& server, uint64_t deadline_ns, int* out) {
+// as long as rank 0 and the node's other ranks live and the deadline allows.
+Result connect_to_rank0(uint64_t nonce, const ProcessIdentity& server, const std::vector<ProcessIdentity>* node,
+                        uint32_t self, uint64_t deadline_ns, int* out) {
   socklen_t len;
   const sockaddr_un a = make_addr(nonce, &len);
+  uint64_t next_node_check = 0;
   for (;;) {
     int s;
     UCM_SYSCHECK(s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), "socket(AF_UNIX)");
@@ -164,7 +181,12 @@ Result connect_to_rank0(uint64_t nonce, const ProcessIdentity& server, uint64_t 
       return fail(Result::kSystem, "connecting to local rank 0's boot socket: %s", strerror(e));
     if (!is_alive(server))
       return fail(Result::kPeerDead, "local rank 0 (pid %d) died during init, before handing out the cache", server.pid);
-    if (now_ns() >= deadline_ns)
+    const uint64_t now = now_ns();
+    if (now >= next_node_check) {  // every poll slice, not every 2 ms try: /proc reads per rank
+      UCM_CHECK(check_node_alive(node, self));
+      next_node_check = now + kPollSliceNs;
+    }
+    if (now >= deadline_ns)
       return fail(Result::kTimeout, "local rank 0 (pid %d) did not open its boot socket by the deadline", server.pid);
     usleep(2000);
   }
@@ -185,7 +207,10 @@ Result send_hello(int s, uint64_t nonce, uint32_t local_rank, bool want_data) {
   return Result::kOk;
 }
 
-// Waits in slices for the next grant, watching rank 0's process.
+// Waits in slices for the next grant, watching rank 0's process. Not the
+// node's: rank 0 serves a connected peer to the end whoever else dies, and a
+// peer that hung up on it then would read to rank 0 as one whose own deadline
+// passed (the message every rank reports).
 Result wait_for_grant(int s, const ProcessIdentity& server, uint64_t deadline_ns) {
   for (;;) {
     if (poll_in(s, std::min(deadline_ns, now_ns() + kPollSliceNs)) > 0) return Result::kOk;
@@ -497,10 +522,10 @@ Result check_plane_descriptor(const PlaneDescriptor& d, const PlaneExpectation* 
 
 Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
                     uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds,
-                    const PlaneExpectation* expect) {
+                    const PlaneExpectation* expect, const std::vector<ProcessIdentity>* node) {
   fds->clear();
   int s = -1;
-  UCM_CHECK(connect_to_rank0(nonce, server, deadline_ns, &s));
+  UCM_CHECK(connect_to_rank0(nonce, server, node, local_rank, deadline_ns, &s));
   struct Closer {
     int fd;
     ~Closer() { close(fd); }

@@ -148,10 +148,15 @@ class FdServer {
 // `fds` receives the control fd first, then the data segment fds, then the
 // store's state fd when desc->store_fds says there is one (all owned by the
 // caller). With `expect`, the descriptor must carry those parameters (see
-// PlaneDescriptor); without, only its own fingerprint is checked.
+// PlaneDescriptor); without, only its own fingerprint is checked. With
+// `node` (the node's ranks by local rank), a rank that dies while this one
+// waits for rank 0's socket ends the wait at once, named (kPeerDead): rank 0
+// stops serving at such a death, and the wait would otherwise last until the
+// deadline.
 [[nodiscard]] Result fetch_planes(uint64_t nonce, uint32_t local_rank, bool want_data, const ProcessIdentity& server,
                                   uint64_t deadline_ns, PlaneDescriptor* desc, std::vector<int>* fds,
-                                  const PlaneExpectation* expect = nullptr);
+                                  const PlaneExpectation* expect = nullptr,
+                                  const std::vector<ProcessIdentity>* node = nullptr);
 
 // The descriptor's own consistency, then (with `expect`) its parameters
 // against the peer's; the error names every field that differs.

@@ -242,6 +242,33 @@ TEST(BootSocket, RankZeroNamesAPeerThatDiedBeforeConnecting) {
   EXPECT_NE(last_error().find("local rank 2"), std::string::npos) << last_error();
 }
 
+// Local rank 0 stops serving and closes its socket at the first peer that
+// dies unserved (RankZeroNamesAPeerThatDiedBeforeConnecting). A live peer
+// that comes to connect only after that (descheduled between the nonce's
+// broadcast and its connect) retried against a socket that was gone until its
+// deadline (timeout_ms, 30 s by default), then blamed rank 0's socket. Given
+// the node's ranks, it watches them as it waits: here rank 0 lives and never
+// listens, and local rank 2 is dead; the deadline (120 s) is one no run
+// reaches, so kPeerDead naming rank 2 proves the peer looked.
+TEST(BootSocket, APeerWaitingForTheSocketFailsNamingAnotherRankThatDied) {
+  constexpr uint64_t kNeverMs = 120000;
+  pid_t gone = fork_child([] {
+    pause();
+    return 0;
+  });
+  const ProcessIdentity gone_id = identity_of(gone);
+  kill(gone, SIGKILL);
+  wait_child(gone, 5000);
+  const std::vector<ProcessIdentity> node = {self_identity(), self_identity(), gone_id};
+  PlaneDescriptor d{};
+  std::vector<int> fds;
+  EXPECT_EQ(fetch_planes(random_nonce(), 1, true, self_identity(), deadline_after_ms(kNeverMs), &d, &fds, nullptr, &node),
+            Result::kPeerDead);
+  EXPECT_NE(last_error().find("local rank 2 (pid " + std::to_string(gone) + ") died"), std::string::npos)
+      << last_error();
+  EXPECT_TRUE(fds.empty());
+}
+
 TEST(BootSocket, AServerThatNeverListensIsATimeoutNamingIt) {
   PlaneDescriptor d{};
   std::vector<int> fds;
