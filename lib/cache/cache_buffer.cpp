@@ -231,7 +231,8 @@ void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
 
 void CacheBuffer::take_all(const uint32_t* slots, size_t n, uint32_t ordinal) {
   if (!protect_) return;
-  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i], ordinal, true);
+  uint64_t now_ms = 0;  // one clock read for the batch's rounds
+  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i], ordinal, true, &now_ms);
 }
 
 void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {

@@ -150,7 +150,10 @@ constexpr uint32_t kGuardLagWindow = 64;
 //     records nothing.
 // The bit goes in with a CAS on the word it judged, so it never lands in a
 // round another rank started meanwhile (a CAS that fails judges again).
-inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ordinal, bool ready) {
+// `now_ms` (optional): the round's time, read once for a batch of takes (0: not
+// read yet; the first round started reads it).
+inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ordinal, bool ready,
+                       uint64_t* now_ms = nullptr) {
   std::atomic<uint64_t>& g = c.guard(i);
   const uint64_t bit = 1ull << r;
   const uint32_t task = ordinal & (kGuardTaskModulo - 1);
@@ -165,7 +168,10 @@ inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ord
     } else if (task_passed(stamp, task) || !ready) {
       return;
     } else {
-      next = (uint64_t{protect_now_ms()} << kGuardTimeShift) | kGuardArmed | (uint64_t{task} << kGuardTaskShift) | bit;
+      uint64_t own = 0;
+      uint64_t& t = now_ms ? *now_ms : own;
+      if (t == 0) t = uint64_t{protect_now_ms()} | (1ull << 32);  // bit 32: read (a clock of 0 ms is a time too)
+      next = ((t & 0xffffffffull) << kGuardTimeShift) | kGuardArmed | (uint64_t{task} << kGuardTaskShift) | bit;
     }
     if (g.compare_exchange_weak(v, next, std::memory_order_relaxed)) return;
   }
