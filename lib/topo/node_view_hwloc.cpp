@@ -1,33 +1,15 @@
-// NodeView with hwloc.
+// NodeView with hwloc (over the process's one topology, hwloc_topology.h).
 #include <hwloc.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
+#include "topo/hwloc_topology.h"
 #include "topo/node_view.h"
 
 namespace ucm {
 namespace {
-
-// Loaded once and kept, with the I/O devices, for the same reason as
-// placement's topology (destroying it unloads plugins and leaks their memory).
-hwloc_topology_t view_topology() {
-  static hwloc_topology_t topo = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    hwloc_topology_t t = nullptr;
-    if (hwloc_topology_init(&t) != 0) return;
-    hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    if (hwloc_topology_load(t) != 0) {
-      hwloc_topology_destroy(t);
-      return;
-    }
-    topo = t;
-  });
-  return topo;
-}
 
 std::string list(hwloc_const_bitmap_t set) {
   char* s = nullptr;
@@ -42,7 +24,8 @@ std::string list(hwloc_const_bitmap_t set) {
 NodeView node_view() {
   NodeView v;
   v.online_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  hwloc_topology_t topo = view_topology();
+  Result loaded = Result::kOk;
+  hwloc_topology_t topo = process_topology(&loaded);
   if (!topo) {
     v.why = "hwloc could not load the topology";
     return v;
@@ -61,7 +44,8 @@ NodeView node_view() {
 }
 
 std::string cpus_near_pci(const std::string& bus_id, std::string* where) {
-  hwloc_topology_t topo = view_topology();
+  Result loaded = Result::kOk;
+  hwloc_topology_t topo = process_topology(&loaded);
   if (!topo) {
     *where = "hwloc could not load the topology";
     return "";

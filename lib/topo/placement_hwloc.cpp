@@ -1,10 +1,10 @@
-// Placement with hwloc (the only file that includes it).
+// Placement with hwloc (over the process's one topology, hwloc_topology.h).
 #include <hwloc.h>
 
 #include <cstdio>
-#include <mutex>
 
 #include "common/log.h"
+#include "topo/hwloc_topology.h"
 #include "topo/placement.h"
 
 namespace ucm {
@@ -17,32 +17,6 @@ std::string cpu_list(const std::vector<int>& cpus) {
     s += std::to_string(c);
   }
   return s;
-}
-
-// One topology per process, loaded on first use and kept: loading it costs
-// milliseconds, queries on a loaded topology are thread-safe, and destroying
-// the last one unloads hwloc's plugins (the PCI one among them), which leaves
-// their allocations unreachable (LeakSanitizer reports them).
-hwloc_topology_t process_topology(Result* r) {
-  static hwloc_topology_t topo = nullptr;
-  static Result status = Result::kOk;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    hwloc_topology_t t = nullptr;
-    if (hwloc_topology_init(&t) != 0) {
-      status = fail(Result::kSystem, "hwloc_topology_init failed");
-      return;
-    }
-    hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    if (hwloc_topology_load(t) != 0) {
-      hwloc_topology_destroy(t);
-      status = fail(Result::kSystem, "hwloc_topology_load failed");
-      return;
-    }
-    topo = t;
-  });
-  *r = status;
-  return topo;
 }
 
 // The cores threads may run on: the allowed ones near the GPU when hwloc

@@ -7,8 +7,29 @@
 
 #include <gtest/gtest.h>
 
+#include "topo/node_view.h"
 #include "topo/placement.h"
 #include "ucm_build_config.h"
+
+#if UCM_HAVE_HWLOC
+#include <dlfcn.h>
+
+#include <atomic>
+
+// Every hwloc topology load in this process, whoever makes it: the library's
+// calls resolve to this definition (the test binary links its layers
+// statically), which counts and hands on to hwloc's own.
+namespace {
+std::atomic<int> g_hwloc_loads{0};
+}  // namespace
+struct hwloc_topology;
+extern "C" int hwloc_topology_load(struct hwloc_topology* t) {
+  g_hwloc_loads.fetch_add(1);
+  using Load = int (*)(struct hwloc_topology*);
+  static const Load real = reinterpret_cast<Load>(dlsym(RTLD_NEXT, "hwloc_topology_load"));
+  return real ? real(t) : -1;
+}
+#endif
 
 namespace ucm {
 namespace {
@@ -18,6 +39,22 @@ int cpus_allowed() {
   CPU_ZERO(&set);
   sched_getaffinity(0, sizeof(set), &set);
   return CPU_COUNT(&set);
+}
+
+// Placement and the node view share the process's one topology: a rank's
+// init loaded it twice (each kept its own), which on a node with many PCI
+// devices costs a good part of a second each time.
+TEST(Placement, TheProcessLoadsTheTopologyOnceForPlacementAndTheNodeView) {
+#if UCM_HAVE_HWLOC
+  Placement p;
+  ASSERT_EQ(plan_placement(0, 1, "", true, &p), Result::kOk) << last_error();
+  (void)node_view();
+  std::string where;
+  (void)cpus_near_pci("0000:00:00.0", &where);
+  EXPECT_EQ(g_hwloc_loads.load(), 1) << "loads of the hwloc topology in this process";
+#else
+  GTEST_SKIP() << "built without hwloc: no topology to load";
+#endif
 }
 
 TEST(Placement, SwitchedOffPinsNothingAndSaysSo) {
