@@ -38,18 +38,23 @@ constexpr uint32_t kShards = 4;
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
-std::unique_ptr<PosixBackend> make_ring(const std::string& dir, const std::string& extra,
+// A store in `dir` whose loads run on the ring, `depth` reads deep, direct
+// reads `mode` (auto, off, on), with `blocks` dumped whole (every shard).
+std::unique_ptr<PosixBackend> make_ring(const std::string& dir, uint32_t depth, const std::string& mode,
+                                        const std::vector<uint64_t>& blocks = {},
                                         std::vector<std::pair<void*, uint64_t>> buffers = {}) {
   BackendContext c;
   c.shard_bytes = kShard;
   c.shards_per_block = kShards;
   c.buffers = std::move(buffers);
   std::unique_ptr<Backend> b;
-  const Result r = make_backend("posix:" + dir + ",engine=uring" + extra, c, &b);
-  EXPECT_EQ(res(r), res(Result::kOk)) << dir << extra << ": " << last_error();
+  const std::string spec = "posix:" + dir + ",engine=uring,depth=" + std::to_string(depth) + ",direct=" + mode;
+  const Result r = make_backend(spec, c, &b);
+  EXPECT_EQ(res(r), res(Result::kOk)) << spec << ": " << last_error();
   if (r != Result::kOk) return nullptr;
   auto* p = static_cast<PosixBackend*>(b.release());
   EXPECT_STREQ(p->load_engine(), "uring");
+  if (!blocks.empty()) dump_blocks(p, blocks, kShards, kShard);
   return std::unique_ptr<PosixBackend>(p);
 }
 
@@ -116,9 +121,8 @@ void many_submitters(uint32_t depth, const std::string& mode, bool registered) {
   AlignedBuf plane(uint64_t{kThreads} * kPerThread * kShard);
   std::vector<std::pair<void*, uint64_t>> bufs;
   if (registered) bufs.push_back({plane.get(), plane.bytes});
-  auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=" + mode, bufs);
+  auto b = make_ring(dir.path, depth, mode, {1, 2, 3, 4, 5}, bufs);
   ASSERT_NE(b, nullptr);
-  dump_blocks(b.get(), {1, 2, 3, 4, 5}, kShards, kShard);
   const Key bad = key(5, 2);
   xor_byte_at(b->block_path(bad.block), static_cast<off_t>(bad.shard * kShard + 777), 0x40);
   {
@@ -247,9 +251,8 @@ void reentrant_chains(uint32_t depth) {
   SCOPED_TRACE("depth=" + std::to_string(depth));
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=auto");
+  auto b = make_ring(dir.path, depth, "auto", {1, 2, 3, 4});
   ASSERT_NE(b, nullptr);
-  dump_blocks(b.get(), {1, 2, 3, 4}, kShards, kShard);
   Chain ch;
   ch.store = b.get();
   ch.left = 200;
@@ -327,9 +330,8 @@ TEST(PosixRingAdversarial, ARequestReloadedFromItsOwnDone) {
     SCOPED_TRACE("depth=" + std::to_string(depth));
     TempDir dir;
     ASSERT_TRUE(dir.ok());
-    auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=auto");
+    auto b = make_ring(dir.path, depth, "auto", {1, 2, 3, 4});
     ASSERT_NE(b, nullptr);
-    dump_blocks(b.get(), {1, 2, 3, 4}, kShards, kShard);
     Relay relay;
     relay.store = b.get();
     relay.req.done = &Relay::done;
@@ -355,9 +357,8 @@ TEST(PosixRingAdversarial, DestroyedWhileDoneCallbacksKeepLoading) {
     SCOPED_TRACE("depth=" + std::to_string(depth));
     TempDir dir;
     ASSERT_TRUE(dir.ok());
-    auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=auto");
+    auto b = make_ring(dir.path, depth, "auto", {1, 2, 3, 4});
     ASSERT_NE(b, nullptr);
-    dump_blocks(b.get(), {1, 2, 3, 4}, kShards, kShard);
     Chain ch;
     ch.store = b.get();
     ch.left = 1 << 30;  // endless until the store refuses
@@ -397,9 +398,8 @@ TEST(PosixRingAdversarial, ShutdownWhileLandedReadsWaitForTheirChecks) {
   if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  auto b = make_ring(dir.path, ",depth=4,direct=auto");
+  auto b = make_ring(dir.path, 4, "auto", {1, 2, 3, 4});
   ASSERT_NE(b, nullptr);
-  dump_blocks(b.get(), {1, 2, 3, 4}, kShards, kShard);
   Batch batch;
   std::vector<Op> ops(12);
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
@@ -449,9 +449,8 @@ TEST(PosixRingAdversarial, ShutdownPastItsDeadlineCallsNoDoneAfterItReturns) {
   if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
   auto dir = std::make_unique<TempDir>();  // emptied once the ring is idle; the store itself is never freed
   ASSERT_TRUE(dir->ok());
-  auto b = make_ring(dir->path, ",depth=4,direct=off");
+  auto b = make_ring(dir->path, 4, "off", {1, 2});
   ASSERT_NE(b, nullptr);
-  dump_blocks(b.get(), {1, 2}, kShards, kShard);
   // Kept with the store for the process's life (reachable, not leaked): its
   // requests may never complete, and it may never be destroyed.
   struct LeftBehind {
@@ -513,9 +512,8 @@ void damage_while_queued(const std::string& mode, uint32_t depth) {
   SCOPED_TRACE("direct=" + mode + " depth=" + std::to_string(depth));
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  auto b = make_ring(dir.path, ",depth=" + std::to_string(depth) + ",direct=" + mode);
+  auto b = make_ring(dir.path, depth, mode, {1, 2, 3, 4, 5, 6, 7, 8});
   ASSERT_NE(b, nullptr);
-  dump_blocks(b.get(), {1, 2, 3, 4, 5, 6, 7, 8}, kShards, kShard);
   Batch batch;
   std::vector<Op> ops(9);
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
@@ -599,9 +597,8 @@ TEST(PosixRingAdversarial, TruncationRacingTheReadsIsNeverAnOkWithWrongBytes) {
     SCOPED_TRACE(std::string("direct=") + mode);
     TempDir dir;
     ASSERT_TRUE(dir.ok());
-    auto b = make_ring(dir.path, std::string(",depth=6,direct=") + mode);
+    auto b = make_ring(dir.path, 6, mode, {1, 2});
     ASSERT_NE(b, nullptr);
-    dump_blocks(b.get(), {1, 2}, kShards, kShard);
     std::vector<uint8_t> image;  // block 1's file as dumped
     {
       const std::string p = b->block_path(key(1, 0).block);
@@ -668,7 +665,7 @@ TEST(PosixRingAdversarial, ARedumpRacingTheLoadsGivesOneWholeVersion) {
   if (const std::string why = no_ring_here(); !why.empty()) GTEST_SKIP() << why;
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  auto b = make_ring(dir.path, ",depth=4,direct=auto");
+  auto b = make_ring(dir.path, 4, "auto");
   ASSERT_NE(b, nullptr);
   // Two versions of key (1, s): A (sim content) and B (its complement).
   AlignedBuf va(kShard), vb(kShard);
@@ -745,9 +742,8 @@ TEST(PosixRingAdversarial, TouchBesideLoadsChangesNoLoad) {
     SCOPED_TRACE(std::string("direct=") + mode);
     TempDir dir;
     ASSERT_TRUE(dir.ok());
-    auto b = make_ring(dir.path, std::string(",depth=4,direct=") + mode);
+    auto b = make_ring(dir.path, 4, mode, {1, 2, 3});
     ASSERT_NE(b, nullptr);
-    dump_blocks(b.get(), {1, 2, 3}, kShards, kShard);
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> touched{0};
     std::thread toucher([&] {
