@@ -56,6 +56,19 @@
 // grace). Direct CacheBuffer users (no queue) stamp 0 and publish nothing:
 // every copier is waited for, as before ordinals.
 //
+// The order of waits: an evictor waits for an owed copier only when that
+// copier is not ahead of it (its tasks_passed is not larger), and for itself
+// only when the slot's task is the one it dispatches now (its dispatcher's
+// out-of-order takes, take_served, free those). So a wait goes from a rank
+// to one behind it or level with it, never forward: a rank waiting for
+// itself at a later task could be freed only by the grace (its dispatcher
+// takes nothing of a later task before this one is done), and ranks that
+// owe each other (numbered out of step: a rank may skip a task or submit its
+// own) would each back off for the grace. The rank furthest behind waits
+// only at its own task, so the node moves. What the order gives up: a rank
+// behind that misses (the cache lost its shard) may evict a shard loaded for
+// it for a later task, and will load that one again.
+//
 // Dumps do not arm: a dumped key may be one no peer ever asks for. A grace of
 // 0 turns protection off (nothing arms, the hit path sets no bits).
 //
@@ -152,15 +165,26 @@ struct ProtectView {
   uint32_t copiers = 0;
   uint32_t now_ms = 0;
   bool have_now = false;
+  uint32_t me = kMaxRanks;             // the evictor's rank (kMaxRanks: none, every owed copier is waited for)
   uint32_t have_passed = 0;            // bit r: passed[r] was read
   uint32_t passed[kMaxRanks];          // RankRecord.tasks_passed, read once per sweep (valid where have_passed says)
 };
 
-inline ProtectView protect_view(const BufferCtrl& c) {
+// The view of the evictor whose claims carry `holder` (holder_id(rank)).
+inline ProtectView protect_view(const BufferCtrl& c, uint32_t holder) {
   ProtectView v;
   v.grace_ms = c.protect_grace_ms();
   if (v.grace_ms != 0) v.copiers = c.globals().copiers.load(std::memory_order_seq_cst);
+  if (holder >= 1 && holder <= kMaxRanks) v.me = holder - 1;
   return v;
+}
+
+inline uint32_t passed_of(const BufferCtrl& c, uint32_t r, ProtectView* v) {
+  if (!(v->have_passed & (1u << r))) {
+    v->passed[r] = c.rank(r).tasks_passed.load(std::memory_order_acquire);
+    v->have_passed |= 1u << r;
+  }
+  return v->passed[r];
 }
 
 // Whether guard word g's time is less than the grace ago (the view reads the
@@ -173,18 +197,25 @@ inline bool within_grace(uint64_t g, ProtectView* v) {
   return v->now_ms - guard_time_ms(g) < v->grace_ms;
 }
 
-// The copiers that have not taken the residency of guard word g and are not
-// past its task (a stale tasks_passed is smaller: it only waits longer).
+// The copiers the evictor waits for: those that have not taken the residency
+// of guard word g and are not past its task (a stale tasks_passed is smaller:
+// it only waits longer), in the order of waits: not a copier ahead of the
+// evictor, and the evictor itself only at the task it dispatches.
 inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
   uint32_t owed = v->copiers & ~guard_taken(g);
+  const uint32_t task = guard_task(g);
   for (uint32_t m = owed; m != 0; m &= m - 1) {
     const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
     if (r >= kMaxRanks) break;
-    if (!(v->have_passed & (1u << r))) {
-      v->passed[r] = c.rank(r).tasks_passed.load(std::memory_order_acquire);
-      v->have_passed |= 1u << r;
-    }
-    if (task_passed(v->passed[r], guard_task(g))) owed &= ~(1u << r);
+    if (task_passed(passed_of(c, r, v), task)) owed &= ~(1u << r);
+  }
+  if (owed == 0 || v->me >= kMaxRanks) return owed;
+  const uint32_t mine = passed_of(c, v->me, v);
+  if ((owed & (1u << v->me)) && ((mine ^ task) & (kGuardTaskModulo - 1)) != 0) owed &= ~(1u << v->me);
+  for (uint32_t m = owed & ~(1u << v->me); m != 0; m &= m - 1) {
+    const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
+    if (r >= kMaxRanks) break;
+    if (static_cast<int32_t>(v->passed[r] - mine) > 0) owed &= ~(1u << r);  // ahead of the evictor
   }
   return owed;
 }

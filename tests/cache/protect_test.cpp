@@ -4,6 +4,7 @@
 // nothing; a grace of 0 is no protection at all.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -34,17 +35,37 @@ class Protect : public ::testing::Test {
     store_.reset();
     queue_.reset();
   }
-  void open(uint32_t grace_ms) {
-    make_cache(params(kSlots, 0, 256, 4, 2), &tc_);
+  // `ranks` copier ranks (2 or 3) over one cache of kSlots slots.
+  void open(uint32_t grace_ms, uint32_t ranks = 2) {
+    make_cache(params(kSlots, 0, 256, 4, ranks), &tc_);
     tc_.ctrl.set_protect_grace_ms(grace_ms);
-    ASSERT_EQ(tc_.ctrl.join(0), Result::kOk);
-    ASSERT_EQ(tc_.ctrl.join(1), Result::kOk);
-    tc_.ctrl.set_copier(0, true);
-    tc_.ctrl.set_copier(1, true);
-    CacheOptions o1;
+    for (uint32_t r = 0; r < ranks; ++r) {
+      ASSERT_EQ(tc_.ctrl.join(r), Result::kOk);
+      tc_.ctrl.set_copier(r, true);
+    }
+    CacheOptions o1, o2;
     o1.rank = 1;
+    o2.rank = 2;
     r0_ = std::make_unique<CacheBuffer>(&tc_.ctrl, &tc_.data, CacheOptions{});
     r1_ = std::make_unique<CacheBuffer>(&tc_.ctrl, &tc_.data, o1);
+    if (ranks > 2) r2_ = std::make_unique<CacheBuffer>(&tc_.ctrl, &tc_.data, o2);
+  }
+  // Rank r has finished dispatching `passed` load tasks and dispatches the next.
+  void at_task(CacheBuffer* cb, uint32_t r, uint32_t passed) {
+    tc_.ctrl.rank(r).tasks_passed.store(passed);
+    cb->set_task_ordinal(passed);
+  }
+  // What rank cb's miss of a new key answers (kOk: it evicted a slot).
+  Result miss(CacheBuffer* cb, uint64_t b) {
+    GetResult o;
+    const Result r = cb->get(key(b, 0), &o);
+    if (r == Result::kOk) {
+      EXPECT_EQ(o.kind, GetKind::kOwner);
+      EXPECT_TRUE(o.evicted);
+      EXPECT_EQ(cb->mark_ready(o.slot), Result::kOk);
+      cb->release(o.slot);
+    }
+    return r;
   }
   // Rank 0 loads keys base..base+n-1 (owner, Ready, released).
   std::vector<uint32_t> load(CacheBuffer* cb, uint64_t base, uint32_t n) {
@@ -84,7 +105,7 @@ class Protect : public ::testing::Test {
     ASSERT_EQ(queue_->start(), Result::kOk) << last_error();
   }
   TestCache tc_;
-  std::unique_ptr<CacheBuffer> r0_, r1_;
+  std::unique_ptr<CacheBuffer> r0_, r1_, r2_;
   std::unique_ptr<SimBackend> store_;
   std::unique_ptr<CopyEngine> engine_;
   std::unique_ptr<LoadQueue> queue_;
@@ -119,7 +140,7 @@ TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
   // Loaded for a later task than rank 1's first (its inline task is its task
   // 0): passing task 0 frees nothing of task 5, only the take does.
-  r0_->set_task_ordinal(5);
+  at_task(r0_.get(), 0, 5);
   const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
   ASSERT_NO_FATAL_FAILURE(start_queue());
   LoadQueue& queue = *queue_;
@@ -263,7 +284,8 @@ TEST_F(Protect, LeaveDropsTheRanksBit) {
 }
 
 // Rank 0 loads the whole cache for load task `stamp` while rank 1 has
-// finished dispatching `passed` load tasks; then rank 0 asks for one more key.
+// finished dispatching `passed` load tasks; then rank 0, as far on as rank 1
+// (so that the order of waits does not decide), asks for one more key.
 // What get() answered: kOk when the cache let a slot go, kNoSpace when every
 // slot still waits for rank 1.
 Result Protect::next_after(uint32_t stamp, uint32_t passed) {
@@ -271,10 +293,11 @@ Result Protect::next_after(uint32_t stamp, uint32_t passed) {
   r1_.reset();
   tc_ = TestCache();
   open(kNever);
-  r0_->set_task_ordinal(stamp);
+  at_task(r0_.get(), 0, stamp);
   const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
   for (uint32_t s : slots) EXPECT_EQ(guard_task(tc_.ctrl.guard(s).load()), stamp % kGuardTaskModulo);
   tc_.ctrl.rank(1).tasks_passed.store(passed);
+  tc_.ctrl.rank(0).tasks_passed.store(std::max(stamp, passed));
   GetResult o;
   const Result r = r0_->get(key(99, 0), &o);
   if (r == Result::kOk) {
@@ -293,6 +316,48 @@ TEST_F(Protect, AShardWaitsOnlyForCopiersNotPastItsTask) {
   EXPECT_EQ(next_after(3, 3), Result::kNoSpace) << "rank 1 has not finished dispatching task 3";
   EXPECT_EQ(next_after(3, 0), Result::kNoSpace) << "rank 1 is 3 tasks behind";
   EXPECT_EQ(next_after(0, 0), Result::kNoSpace) << "no ordinals at all: every copier is waited for";
+}
+
+// The order of waits (protect.h): an evictor waits for an owed copier only
+// when that copier is not ahead of it, and for itself only at the task it
+// dispatches (its dispatcher takes those slots before it backs off). So waits
+// run from ahead to behind and never close a cycle. Here rank 1 ran ahead and
+// loaded the whole cache for task 5; rank 0 dispatches task 2 and meets a key
+// the cache lost: before, every slot waited for rank 0 itself, which could
+// take none of them before its task 2 was done, so it backed off for the
+// whole grace (the paused rank's stall, docs/results.md).
+TEST_F(Protect, AnEvictorDoesNotWaitForItselfForALaterTask) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r1_.get(), 1, 5);
+  load(r1_.get(), 10, kSlots);
+  at_task(r0_.get(), 0, 2);
+  EXPECT_EQ(miss(r0_.get(), 99), Result::kOk) << last_error();
+}
+
+// At the task it dispatches, the evictor waits for its own takes: those are
+// the out-of-order takes (LoadQueue::take_served) that free the slots.
+TEST_F(Protect, AnEvictorWaitsForItselfAtTheTaskItDispatches) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r1_.get(), 1, 5);
+  load(r1_.get(), 10, kSlots);
+  at_task(r0_.get(), 0, 5);
+  EXPECT_EQ(miss(r0_.get(), 99), Result::kNoSpace) << "rank 0 takes these for task 5";
+}
+
+// Three ranks: rank 2 loaded task 5 and rank 1 dispatches task 3. Rank 1
+// waits for rank 0 while rank 0 is not ahead of it (equal progress keeps the
+// rule before the order); rank 0 at task 1 waits for neither rank 1 (ahead of
+// it) nor itself (task 5 is later than its own).
+TEST_F(Protect, AnEvictorWaitsForTheRanksBehindItNotForThoseAhead) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever, 3));
+  at_task(r2_.get(), 2, 5);
+  load(r2_.get(), 10, kSlots);
+  at_task(r1_.get(), 1, 3);
+  at_task(r0_.get(), 0, 3);
+  EXPECT_EQ(miss(r1_.get(), 97), Result::kNoSpace) << "rank 0 is at rank 1's task";
+  at_task(r0_.get(), 0, 1);
+  EXPECT_EQ(miss(r1_.get(), 98), Result::kNoSpace) << "rank 0, behind rank 1, has yet to take them";
+  EXPECT_EQ(miss(r0_.get(), 99), Result::kOk) << last_error();
 }
 
 // The stamp is 14 bits: ordinals compare modulo 2^14, and a rank half the
