@@ -104,7 +104,7 @@ Result CacheBuffer::check_key(const Key& k) const {
   return Result::kOk;
 }
 
-Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a) {
+Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   const PinResult p = pin_slot(c, opts_.rank, i);
   if (p == PinResult::kOverflow)
@@ -113,12 +113,12 @@ Result CacheBuffer::attach_found(uint32_t i, const Key& k, GetResult* out, Attac
   if (p == PinResult::kClaimed) return Result::kOk;
   // Re-keyed between our walk and our pin: nothing of ours, unless it still holds k.
   Result r = Result::kOk;
-  if (slot_has_key(c, i, k)) r = attach_pinned(i, k, out, a);
+  if (slot_has_key(c, i, k)) r = attach_pinned(i, k, out, a, f);
   if (r != Result::kOk || *a == Attach::kRetry) unpin_slot(c, opts_.rank, i);
   return r;
 }
 
-Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a) {
+Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   std::atomic<uint32_t>& word = c.slot(i).word;
   uint32_t w = word.load(std::memory_order_acquire);  // [A2] (slot_word.h): Ready means the bytes are in
@@ -127,7 +127,7 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
     const State s = word_state(w);
     if (s == State::kReady) {
       mark_accessed(c, i);
-      if (protect_) guard_take(c, opts_.rank, i);
+      if (protect_ && f.take) guard_take(c, opts_.rank, i, f.ordinal, true);
       bump(ctr_->hits);
       *out = GetResult{GetKind::kHit, i, w, false, false};
       return Result::kOk;
@@ -154,7 +154,7 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
       if (!word.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_acquire)) continue;  // [A2][R5]
       if (word_has_waiters(w)) wake_word(word);
       const bool was_prealloc = s == State::kIdle;
-      if (protect_) guard_stamp_task(c, i, task_ordinal_.load(std::memory_order_relaxed));
+      if (protect_) guard_stamp_task(c, i, f.ordinal);
       mark_accessed(c, i);
       bump_shared(ctr_->takeovers);
       if (was_prealloc) {
@@ -164,14 +164,14 @@ Result CacheBuffer::attach_pinned(uint32_t i, const Key& k, GetResult* out, Atta
       *out = GetResult{GetKind::kOwner, i, nw, was_prealloc, false};
       return Result::kOk;
     }
-    if (protect_) guard_take(c, opts_.rank, i);  // it will copy it once Ready
+    if (protect_ && f.take) guard_take(c, opts_.rank, i, f.ordinal, false);  // it will copy it once Ready
     bump(ctr_->waits);
     *out = GetResult{GetKind::kWaiter, i, w, false, false};
     return Result::kOk;
   }
 }
 
-Result CacheBuffer::get(const Key& k, GetResult* out) {
+Result CacheBuffer::get(const Key& k, GetResult* out, GetFor f) {
   if (!data_) return fail(Result::kBadState, "a scheduler rank (no data plane) cannot get() a shard");
   UCM_CHECK(check_key(k));
   const uint32_t b = bucket_of(k, ctrl_->bucket_mask());
@@ -180,7 +180,7 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
   const uint32_t i = chain_find_unlocked(*ctrl_, b, k, &end);
   if (i != kNoSlot) {
     Attach a;
-    UCM_CHECK(attach_found(i, k, out, &a));
+    UCM_CHECK(attach_found(i, k, out, &a, f));
     if (a == Attach::kDone) {
       tally(1);
       return Result::kOk;
@@ -189,7 +189,7 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
     return Result::kCorrupt;  // last_error() names the chain
   }
   // A walk that ran out of steps goes the locked way, which tells a cycle.
-  UCM_CHECK(get_locked(k, b, out));
+  UCM_CHECK(get_locked(k, b, out, f));
   tally(1);  // every kind of answer holds one reference: a pin or the hold
   return Result::kOk;
 }
@@ -207,7 +207,7 @@ Result CacheBuffer::get(const Key& k, GetResult* out) {
     return false;
   }
   mark_accessed(c, i);
-  *slot = i;  // taken (protect.h) by pin_all_ready once the whole batch is pinned
+  *slot = i;  // taken (protect.h) by the caller's take_all once the whole batch is pinned and numbered
   return true;
 }
 
@@ -229,8 +229,10 @@ void CacheBuffer::prefetch_records(const uint32_t* buckets, size_t n) const {
   }
 }
 
-void CacheBuffer::take_all(const uint32_t* slots, size_t n) {
-  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i]);
+void CacheBuffer::take_all(const uint32_t* slots, size_t n, uint32_t ordinal) {
+  if (!protect_) return;
+  uint64_t now_ms = 0;  // one clock read for the batch's rounds
+  for (size_t i = 0; i < n; ++i) guard_take(*ctrl_, opts_.rank, slots[i], ordinal, true, &now_ms);
 }
 
 void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
@@ -259,10 +261,10 @@ bool CacheBuffer::pin_all_ready(size_t n, KeyRun keys, uint32_t* slots) {
     unpin_ready(slots, i);
     return false;
   }
-  // Taken only now: a batch that gives up copied nothing, and a take it had
-  // recorded would let peers evict a shard this rank still has to copy
-  // (ctrl/protect.h). The pins keep every slot until then.
-  if (protect_) take_all(slots, n);
+  // Not taken here: the caller takes the batch (take_all) once it knows the
+  // ordinal of its task, which it numbers only when the batch is all hits. A
+  // batch that gives up copied nothing, and a take it had recorded would let
+  // peers evict a shard this rank still has to copy (ctrl/protect.h).
   tally(static_cast<int64_t>(n));
   return true;
 }
@@ -290,7 +292,7 @@ struct CacheBuffer::WaitClock {
   }
 };
 
-Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
+Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
   WaitClock clk;
@@ -306,7 +308,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
     Result r = chain_find_locked(c, b, k, &i);
     if (r == Result::kOk && i != kNoSlot) {
       Attach a;
-      r = attach_found(i, k, out, &a);
+      r = attach_found(i, k, out, &a, f);
       shared_unlock(lock);
       UCM_CHECK(r);
       if (a == Attach::kDone) return Result::kOk;
@@ -339,18 +341,18 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out) {
       bump(ctr_->no_space);
       return fail(Result::kNoSpace, "no victim among %u regular slots: every slot is pinned, or protected until a peer copies it", c.regular_slots());
     }
-    own_new_slot(v, b, k, evicted, out);
+    own_new_slot(v, b, k, evicted, out, f);
     return Result::kOk;
   }
 }
 
-void CacheBuffer::own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out) {
+void CacheBuffer::own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   // The caller's next move is to fill the slot: start bringing its first
   // line (and its page's translation) in while we finish the bookkeeping.
   __builtin_prefetch(data_->at(v), 1, 3);
   install_claimed_slot(c, v, b, k, State::kIdle, opts_.rank, true, true);  // T1 [R1]: Idle, ours, with the hold
-  if (protect_) guard_stamp_task(c, v, task_ordinal_.load(std::memory_order_relaxed));
+  if (protect_) guard_stamp_task(c, v, f.ordinal);
   shared_unlock(&c.bucket(b).lock);
   note_serving(c, opts_.rank);  // a deferring peer may wait for this key (protect.h)
   bump(ctr_->owner_misses);

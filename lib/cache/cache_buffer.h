@@ -81,6 +81,15 @@ struct GetResult {
   bool evicted = false;        // kOwner: a resident key was evicted for this one
 };
 
+// Whom a get() serves (ctrl/protect.h): the ordinal of the caller's load
+// task, which an Owner answer stamps into the slot's guard and a take is
+// recorded for, and whether the answer is a take at all (a load's; a dump's
+// hit or wait copies nothing to the rank, so it takes nothing).
+struct GetFor {
+  uint32_t ordinal = 0;
+  bool take = true;
+};
+
 enum class WriteClaim : uint8_t { kStored, kWriter, kBeingWritten };
 
 enum class PreallocOutcome : uint8_t { kPlacedRegular, kPlacedReserved, kAlreadyPresent, kBusy, kNoSpace };
@@ -102,19 +111,25 @@ class CacheBuffer {
  public:
   CacheBuffer(const BufferCtrl* ctrl, const BufferData* data, const CacheOptions& opts);
 
-  [[nodiscard]] Result get(const Key& k, GetResult* out);
-  // The ordinal of the load task this rank's gets serve from now on: an Owner
-  // answer stamps it into the slot's guard (ctrl/protect.h), so the slot
-  // waits only for copiers not past that task. The load queue's dispatcher
-  // sets it before each load task; a thread that gets for a task already
-  // dispatched (the copier's retries) stamps a later one, which only waits
-  // longer. 0 until set.
+  [[nodiscard]] Result get(const Key& k, GetResult* out, GetFor f);
+  // For the task set_task_ordinal() names, as a load.
+  [[nodiscard]] Result get(const Key& k, GetResult* out) {
+    return get(k, out, GetFor{task_ordinal_.load(std::memory_order_relaxed), true});
+  }
+  // The ordinal of the load task this rank's gets without a GetFor serve
+  // from now on: an Owner answer stamps it into the slot's guard
+  // (ctrl/protect.h), so the slot waits only for copiers not past that task,
+  // and a take is recorded for it. Also the stamp of a prealloc's takeover
+  // (try_take_over). The load queue's dispatcher sets it before each load
+  // task and passes each get the ordinal of the task it serves. 0 until set.
   void set_task_ordinal(uint32_t ordinal) { task_ordinal_.store(ordinal, std::memory_order_relaxed); }
+  uint32_t task_ordinal() const { return task_ordinal_.load(std::memory_order_relaxed); }
   // A hit or nothing, for a batch (the load queue's inline path,
   // queue/load_queue.cpp run_inline): when every keys[0..n) is resident
-  // and Ready, pins each, marks it accessed and, once all are pinned, taken
-  // (ctrl/protect.h) as get()'s hit does, and returns true with slots[0..n) filled (n
-  // references: release_ready_pins() them). The caller counts the hits
+  // and Ready, pins each, marks it accessed, and returns true with
+  // slots[0..n) filled (n references: release_ready_pins() them); the caller
+  // then numbers its task and takes the batch for it (take_all), as get()'s
+  // hit takes its slot. The caller counts the hits
   // (RankCounters.hits) once it uses them. Anything else for any key
   // (absent, being filled, Failed, Corrupt, claimed by an evictor, a corrupt
   // chain, a scheduler rank): false, with nothing held, installed or taken
@@ -122,6 +137,9 @@ class CacheBuffer {
   // slot record are started before the first pin (prefetch_records), and
   // references_held() is counted once per batch.
   [[nodiscard]] bool pin_all_ready(size_t n, KeyRun keys, uint32_t* slots);
+  // The takes (ctrl/protect.h, guard_take) of the slots[0..n) a
+  // pin_all_ready() batch pinned, for the caller's load task `ordinal`.
+  void take_all(const uint32_t* slots, size_t n, uint32_t ordinal);
   // Drops the pins pin_all_ready() took.
   void release_ready_pins(const uint32_t* slots, size_t n) {
     unpin_ready(slots, n);
@@ -247,13 +265,13 @@ class CacheBuffer {
   Result check_key(const Key& k) const;
   Result check_joined() const;
   // Pins slot i, found holding k, and decides get()'s answer; kRetry (pin dropped) when it was re-keyed.
-  Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a);
+  Result attach_found(uint32_t i, const Key& k, GetResult* out, Attach* a, GetFor f);
   // The decision on a pinned slot that held k; the caller drops the pin on kRetry or an error.
-  Result attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a);
-  Result get_locked(const Key& k, uint32_t b, GetResult* out);
+  Result attach_pinned(uint32_t i, const Key& k, GetResult* out, Attach* a, GetFor f);
+  Result get_locked(const Key& k, uint32_t b, GetResult* out, GetFor f);
   // get_locked took slot v for k under bucket b's lock: installs it Idle and
   // ours with the hold, lets the bucket go and reports the miss as owner.
-  void own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out);
+  void own_new_slot(uint32_t v, uint32_t b, const Key& k, bool evicted, GetResult* out, GetFor f);
   // get_locked found k on a slot an evictor claims: bounded wait, reaping a dead claimer.
   Result wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk);
   Result set_final_state(uint32_t slot, State s, bool for_write, const char* what);
@@ -267,7 +285,6 @@ class CacheBuffer {
   // pin_all_ready()'s pin of k, in bucket b, without the reference count
   // (its caller counts); unpin_ready() drops such pins, uncounted.
   bool pin_one_ready(const Key& k, uint32_t b, uint32_t* slot);
-  void take_all(const uint32_t* slots, size_t n);  // pin_all_ready's takes (ctrl/protect.h)
   void unpin_ready(const uint32_t* slots, size_t n);
   // pin_all_ready()'s prefetch of the records of buckets[0..n)'s heads (it
   // prefetched the heads themselves as it hashed the keys).

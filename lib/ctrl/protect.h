@@ -6,16 +6,21 @@
 // fast rank loaded before a slow rank copied it, and the slow rank would load
 // it again. So a loaded slot carries a guard word (guard[slot], layout.h):
 //
-//   bits 0-15   taken: ranks that have taken the slot (hit or waiter) since its key was installed
-//   bit 16      armed: a load (not a dump) made this residency Ready
+//   bits 0-15   taken: ranks that have taken the slot (hit or waiter) for its task
+//   bit 16      armed: a load (not a dump) made this residency Ready, or a load task took it
 //   bit 17      hinted: a prealloc's stamp (below)
-//   bits 18-31  task: the ordinal (mod 2^14) of the owner's load task that made this residency
+//   bits 18-31  task: the ordinal (mod 2^14) of the load task the residency serves: the
+//               owner's that made it, or the latest that took it (guard_take)
 //   bits 32-63  arm time, CLOCK_MONOTONIC milliseconds (low 32 bits; compared modulo 2^32)
 //
 // Who writes it:
 //   - the claimer, when it installs a key (install_claimed_slot): 0;
-//   - every rank that takes the slot: fetch_or of its bit, only when the bit
-//     is not yet set (the hit path pays one load; the first take one RMW);
+//   - every rank that takes the slot for the stamped task: fetch_or of its
+//     bit, only when the bit is not yet set (the hit path pays one load; the
+//     first take one RMW); the first rank that takes it for a later task: a
+//     CAS that starts that task's round (guard_take). A take holds a pin, so
+//     an evictor that claims the slot later has synchronized with the unpin
+//     and sees the take;
 //   - the load's owner, just before the CAS that makes the slot Ready
 //     (mark_ready, never mark_ready_for_write): a CAS that keeps the taken
 //     bits, adds its own, sets armed and the time. The owner still holds its
@@ -33,8 +38,9 @@
 // backs off and retries (the fast rank waits for the slow one); before each
 // back-off its dispatcher takes the task's keys other ranks serve
 // (LoadQueue::take_served), since those may be the slots protected for its
-// own take while their loaders wait for its slots. Nothing is
-// held for longer than the grace, and no rank holds anything once it is
+// own take while their loaders wait for its slots. No round holds a shard
+// longer than the grace (a later task's take starts a round of its own, with
+// its own grace: guard_take), and no rank holds anything once it is
 // out of the copier mask: leave() and the reaper of a dead rank clear its
 // bit, and get() reaps dead ranks before it answers NoSpace.
 //
@@ -69,7 +75,9 @@
 // behind that misses (the cache lost its shard) may evict a shard loaded for
 // it for a later task, and will load that one again.
 //
-// Dumps do not arm: a dumped key may be one no peer ever asks for. A grace of
+// Dumps do not arm, and a dump's get takes nothing: a dumped key may be one
+// no peer ever asks for (a load task that takes a dumped residency starts
+// its round, guard_take: its peers will ask for it). A grace of
 // 0 turns protection off (nothing arms, the hit path sets no bits).
 //
 // Hints (bit 17): prealloc stamps the Idle, unowned residency it installs
@@ -131,11 +139,55 @@ inline bool task_passed(uint32_t passed, uint32_t task) {
 // The clock of the arm time and the grace: CLOCK_MONOTONIC in ms, truncated.
 inline uint32_t protect_now_ms() { return static_cast<uint32_t>(now_ns() / 1000000ull); }
 
-// Rank r has taken slot i (a hit, or a waiter that will copy it).
-inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i) {
+// How far ahead of a taker's task a stamp may be and still read as "the
+// taker lags" (it records nothing and is owed the shard until it takes it for
+// that task or passes it). Farther is not drift but a rank whose load tasks
+// are numbered out of step with the node's (a rank that joined late, or that
+// submitted load tasks its peers did not): its take counts whatever the stamp,
+// as before ordinals, or it would be owed every shard for the whole grace.
+constexpr uint32_t kGuardLagWindow = 64;
+
+// Rank r takes slot i for its load task `ordinal`: a hit on a Ready slot
+// (`ready`), or a waiter that will copy it once Ready. By the residency's
+// task stamp:
+//   - this task: r's bit (one load on the hit path, one RMW for the first take);
+//   - a later task, at most kGuardLagWindow ahead (r lags: a peer ahead
+//     loaded or took it for that task): nothing; r is owed it until it takes
+//     it for that task or passes it. Farther ahead: r's bit, as above;
+//   - an earlier task (or the stamp of a dump's residency), on a Ready hit: a
+//     new round for this task, armed now, taken by r alone. The shard is
+//     asked for again, so every copier not past this task will copy it again:
+//     a resident shard the fast rank hits stays for the slow ones as a loaded
+//     one does. A waiter starts no round (the load in flight is its owner's
+//     round, which the owner arms when it lands; r is past its task) and
+//     records nothing.
+// The bit goes in with a CAS on the word it judged, so it never lands in a
+// round another rank started meanwhile (a CAS that fails judges again).
+// `now_ms` (optional): the round's time, read once for a batch of takes (0: not
+// read yet; the first round started reads it).
+inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ordinal, bool ready,
+                       uint64_t* now_ms = nullptr) {
   std::atomic<uint64_t>& g = c.guard(i);
   const uint64_t bit = 1ull << r;
-  if (!(g.load(std::memory_order_relaxed) & bit)) g.fetch_or(bit, std::memory_order_relaxed);
+  const uint32_t task = ordinal & (kGuardTaskModulo - 1);
+  uint64_t v = g.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t stamp = guard_task(v);
+    const uint32_t ahead = (stamp - task) & (kGuardTaskModulo - 1);  // how far the stamp is past our task
+    uint64_t next;
+    if (stamp == task || (task_passed(stamp, task) && ahead > kGuardLagWindow)) {
+      if (v & bit) return;
+      next = v | bit;
+    } else if (task_passed(stamp, task) || !ready) {
+      return;
+    } else {
+      uint64_t own = 0;
+      uint64_t& t = now_ms ? *now_ms : own;
+      if (t == 0) t = uint64_t{protect_now_ms()} | (1ull << 32);  // bit 32: read (a clock of 0 ms is a time too)
+      next = ((t & 0xffffffffull) << kGuardTimeShift) | kGuardArmed | (uint64_t{task} << kGuardTaskShift) | bit;
+    }
+    if (g.compare_exchange_weak(v, next, std::memory_order_relaxed)) return;
+  }
 }
 
 // The new owner of slot i (a miss that installed it, a takeover) serves load

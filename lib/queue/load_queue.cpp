@@ -131,6 +131,7 @@ bool LoadQueue::run_inline(Task& t) {
   // again (and counts its hits then).
   if (!cache_->pin_all_ready(n, KeyRun{&es[0].key, sizeof(TaskEntry)}, slots.data())) return false;
   t.set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
+  cache_->take_all(slots.data(), n, t.ordinal());  // for this task (ctrl/protect.h): before the copy, under the pins
   add(ctr_->tasks, 1);
   add(ctr_->shards, n);
   add(ctr_->inline_hits, n);  // not RankCounters.hits: see counters.h
@@ -235,9 +236,17 @@ void LoadQueue::dispatcher_main() {
   }
 }
 
+// Whom a get for task t serves (CacheBuffer::GetFor): a load task's own
+// ordinal, also from the copier's retries (the dispatcher may be tasks ahead
+// by then); a dump's get takes nothing (it copies nothing to this rank).
+GetFor LoadQueue::get_for(const Task& t) const {
+  if (t.kind() != TaskKind::kLoad) return GetFor{cache_->task_ordinal(), false};
+  return GetFor{t.ordinal(), true};
+}
+
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
   for (;;) {
-    const Result r = cache_->get(k, g);
+    const Result r = cache_->get(k, g, get_for(t));
     if (r != Result::kNoSpace) return r;
     // Every slot is pinned, or protected for a rank that has not taken it:
     // our copier (and the peers') drain and release, protection ends.
@@ -263,7 +272,7 @@ bool LoadQueue::take_served(const std::shared_ptr<Task>& t) {
   for (uint32_t j = 0; j < entries.size() && !stopping(); ++j) {
     if (dispatched_[j] || !cache_->being_served(entries[j].key)) continue;
     GetResult g;
-    const Result r = cache_->get(entries[j].key, &g);  // one look: never waits for space here
+    const Result r = cache_->get(entries[j].key, &g, get_for(*t));  // one look: never waits for space here
     if (r == Result::kNoSpace) continue;                 // evicted meanwhile, no room for it yet
     dispatched_[j] = 1;
     any = true;

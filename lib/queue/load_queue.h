@@ -8,8 +8,9 @@
 // The inline path (QueueOptions::inline_hits, over the host engine only): a
 // load task whose every entry is Ready in the cache when submit() looks never
 // reaches the dispatcher. The submitting thread pins each entry's slot
-// (CacheBuffer::pin_all_ready: a hit, accessed and taken for the eviction
-// protection exactly as the dispatcher's get() would), copies them with
+// (CacheBuffer::pin_all_ready: a hit, accessed), numbers the task and takes
+// the slots for it (take_all: the eviction protection's take, exactly as the
+// dispatcher's get() would), copies them with
 // memcpy, releases the pins, counts the task, its shards, hits, bytes and
 // latency, and finishes the task before submit() returns. One entry that is
 // not a hit (absent, being filled, Failed, Corrupt, claimed by an evictor)
@@ -204,6 +205,7 @@ class LoadQueue {
   // takes them (ctrl/protect.h), while the ranks that loaded them wait for
   // slots that this rank's loads hold, and none would take the other's
   // before its own stride was done: every rank waited out the grace.
+  GetFor get_for(const Task& t) const;
   Result get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine = nullptr);
   // Dispatches, out of order, the entries of t not yet dispatched whose keys
   // some rank serves, each with one get() that never waits for space; true

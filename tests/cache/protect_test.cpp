@@ -134,39 +134,167 @@ TEST_F(Protect, ALoadedShardStaysUntilEveryCopierHasTakenIt) {
 }
 
 // Rank 1 copies key 11 through its queue's inline path (an all-hit task,
-// copied on the submitting thread): it records that it took the slot exactly
-// as its copier would, so that slot, and only it, may go.
+// copied on the submitting thread): it records that it took the slot for its
+// task exactly as its copier would. Its first task is its task 0, the task
+// rank 0 loaded the keys for; its next inline task (task 1) takes key 12
+// again for task 1: a new round, which rank 0 owes until it takes it for
+// task 1 too.
 TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
-  // Loaded for a later task than rank 1's first (its inline task is its task
-  // 0): passing task 0 frees nothing of task 5, only the take does.
-  at_task(r0_.get(), 0, 5);
   const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
   ASSERT_NO_FATAL_FAILURE(start_queue());
   LoadQueue& queue = *queue_;
   std::vector<uint8_t> dst(256, 0xee);
   std::memset(tc_.data.at(slots[1]), 0x11, 256);
-  std::vector<TaskEntry> es(1);
-  es[0].key = key(11, 0);
-  es[0].dst = dst.data();
-  auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
-  ASSERT_EQ(queue.submit(t), Result::kOk) << last_error();
-  EXPECT_TRUE(t->done()) << "an all-hit task is done when submit returns";
-  EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  auto run = [&](uint64_t b) {
+    std::vector<TaskEntry> es(1);
+    es[0].key = key(b, 0);
+    es[0].dst = dst.data();
+    auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+    ASSERT_EQ(queue.submit(t), Result::kOk) << last_error();
+    EXPECT_TRUE(t->done()) << "an all-hit task is done when submit returns";
+    EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  };
+  ASSERT_NO_FATAL_FAILURE(run(11));
   EXPECT_EQ(queue.queued_tasks(), 0u);
   EXPECT_EQ(queue_counters(tc_.ctrl.rank(1)).inline_tasks.load(), 1u);
   EXPECT_EQ(dst[0], 0x11);
   EXPECT_EQ(dst[255], 0x11);
   EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u) << "rank 1 recorded its take";
   for (uint32_t i : {0u, 2u, 3u}) EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[i]).load()), 1u);
+  ASSERT_NO_FATAL_FAILURE(run(12));  // its task 1
+  const uint64_t g = tc_.ctrl.guard(slots[2]).load();
+  EXPECT_EQ(guard_task(g), 1u) << "taken for a later task: that task's round";
+  EXPECT_EQ(guard_taken(g), 2u) << "rank 1 alone has taken it for task 1";
+  EXPECT_TRUE(guard_armed(g));
+  queue.stop();
+}
+
+// A shard the cache still holds, asked for again by a later task: the rank
+// that hits it first starts that task's round, and the shard stays until
+// every copier has taken it for that task (or passed it, or the grace ends),
+// as a shard loaded for that task would. Before, a hit left the old round's
+// takes standing, and the fast rank's next misses evicted the shard before
+// a slow rank came for it again (a reload per such shard).
+TEST_F(Protect, AResidentShardAskedForAgainStaysForTheCopiersOfTheLaterTask) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);  // task 0
+  for (uint64_t b = 10; b < 10 + kSlots; ++b) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b));  // rank 1's task 0
+  for (uint32_t s : slots) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 3u);
+  at_task(r0_.get(), 0, 1);
+  for (uint64_t b = 10; b < 10 + kSlots; ++b) ASSERT_NO_FATAL_FAILURE(hit(r0_.get(), b));  // rank 0's task 1
+  for (uint32_t s : slots) {
+    const uint64_t g = tc_.ctrl.guard(s).load();
+    EXPECT_EQ(guard_task(g), 1u) << "slot " << s;
+    EXPECT_EQ(guard_taken(g), 1u) << "slot " << s << ": rank 0 alone, for task 1";
+    EXPECT_TRUE(guard_armed(g)) << "slot " << s;
+  }
   GetResult o;
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kNoSpace) << "every slot waits for rank 1's task 1";
+  tc_.ctrl.rank(1).tasks_passed.store(1);  // rank 1 is past task 0, not task 1
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kNoSpace) << "still";
+  at_task(r1_.get(), 1, 1);
+  ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), 11));
   ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kOk) << last_error();
-  EXPECT_EQ(o.kind, GetKind::kOwner);
-  EXPECT_EQ(o.slot, slots[1]) << "the slot rank 1 took, and only it, may go";
+  EXPECT_EQ(o.slot, slots[1]) << "the slot rank 1 took for task 1, and only it, may go";
   ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
   r0_->release(o.slot);
-  queue.stop();
   for (uint64_t b : {10, 12, 13}) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b)) << "key " << b << " was kept for rank 1";
+}
+
+// A rank behind the residency's task (a peer ahead loaded it for task 5;
+// this rank asks for it in its task 0, and will again in its task 5) records
+// nothing: the shard stays for its task 5.
+TEST_F(Protect, ATakeForAnEarlierTaskThanTheStampRecordsNothing) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r0_.get(), 0, 5);
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), 11));  // rank 1's task 0
+  EXPECT_EQ(tc_.ctrl.guard(slots[1]).load() & (kGuardTakenMask | kGuardTaskMask),
+            1u | (5ull << kGuardTaskShift)) << "unchanged";
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kNoSpace) << "key 11 waits for rank 1's task 5";
+  at_task(r1_.get(), 1, 5);
+  ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), 11));
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kOk) << last_error();
+  EXPECT_EQ(o.slot, slots[1]);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+}
+
+// A stamp farther ahead of the taker's task than kGuardLagWindow is not
+// drift but a rank numbered out of step with its peers (one that joined
+// late, or submitted load tasks they did not): its take counts as it did
+// before ordinals, or it would be owed every shard for the whole grace.
+TEST_F(Protect, ATakeFarBehindTheStampCountsAsBefore) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r0_.get(), 0, kGuardLagWindow + 1);
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), 11));  // rank 1's task 0
+  EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u);
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(slots[1]).load()), kGuardLagWindow + 1) << "the stamp stays";
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(99, 0), &o), Result::kOk) << last_error();
+  EXPECT_EQ(o.slot, slots[1]);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+}
+
+// A waiter starts no round: the load in flight is its owner's (task 0 here),
+// which the owner arms when it lands; a waiter for a later task (3) is past
+// task 0 and records nothing, and never arms a slot that is not Ready.
+TEST_F(Protect, AWaiterForALaterTaskStartsNoRound) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  GetResult o, w;
+  ASSERT_EQ(r0_->get(key(20, 0), &o), Result::kOk);
+  ASSERT_EQ(o.kind, GetKind::kOwner);
+  ASSERT_EQ(r1_->get(key(20, 0), &w, GetFor{3, true}), Result::kOk);
+  ASSERT_EQ(w.kind, GetKind::kWaiter);
+  uint64_t g = tc_.ctrl.guard(o.slot).load();
+  EXPECT_FALSE(guard_armed(g)) << "not Ready: not armed";
+  EXPECT_EQ(guard_task(g), 0u);
+  EXPECT_EQ(guard_taken(g), 0u);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  g = tc_.ctrl.guard(o.slot).load();
+  EXPECT_TRUE(guard_armed(g));
+  EXPECT_EQ(guard_task(g), 0u) << "the owner's round";
+  EXPECT_EQ(guard_taken(g), 1u) << "the owner's take";
+  r1_->release(w.slot);
+  r0_->release(o.slot);
+}
+
+// A dump's get copies nothing to its rank: a hit or a wait for a dump takes
+// nothing and starts no round, whatever the ordinal it carries.
+TEST_F(Protect, ADumpsGetTakesNothing) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, 1);
+  const uint64_t before = tc_.ctrl.guard(slots[0]).load();
+  GetResult g;
+  ASSERT_EQ(r1_->get(key(10, 0), &g, GetFor{9, false}), Result::kOk);
+  ASSERT_EQ(g.kind, GetKind::kHit);
+  EXPECT_EQ(tc_.ctrl.guard(slots[0]).load(), before);
+  r1_->release(g.slot);
+}
+
+// A get names the task it serves: its stamp and its take are that task's,
+// not the task set_task_ordinal() last named (the dispatcher's, which the
+// copier's retries of an older task would otherwise use).
+TEST_F(Protect, AGetStampsAndTakesForTheTaskItNames) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  r0_->set_task_ordinal(7);
+  GetResult o;
+  ASSERT_EQ(r0_->get(key(30, 0), &o, GetFor{2, true}), Result::kOk);
+  ASSERT_EQ(o.kind, GetKind::kOwner);
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(o.slot).load()), 2u);
+  ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  r1_->set_task_ordinal(9);
+  GetResult h;
+  ASSERT_EQ(r1_->get(key(30, 0), &h, GetFor{2, true}), Result::kOk);
+  ASSERT_EQ(h.kind, GetKind::kHit);
+  EXPECT_EQ(guard_taken(tc_.ctrl.guard(o.slot).load()), 3u) << "taken for task 2, in the owner's round";
+  EXPECT_EQ(guard_task(tc_.ctrl.guard(o.slot).load()), 2u);
+  r1_->release(h.slot);
 }
 
 // Rank 1's queue numbers its load tasks and publishes how many it has
@@ -194,11 +322,12 @@ TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
   ASSERT_NO_FATAL_FAILURE(run(300, 2));  // all hits: inline, task 1
   EXPECT_EQ(queue_counters(tc_.ctrl.rank(1)).inline_tasks.load(), 1u);
   ASSERT_NO_FATAL_FAILURE(run(301, 3));  // task 2
+  // Key 300: loaded for task 0, taken again by the inline task 1 (its round).
   for (uint64_t b : {300, 301}) {
     GetResult g;
     ASSERT_EQ(r0_->get(key(b, 0), &g), Result::kOk);
     ASSERT_EQ(g.kind, GetKind::kHit);
-    EXPECT_EQ(guard_task(tc_.ctrl.guard(g.slot).load()), b == 300 ? 0u : 2u) << "key " << b;
+    EXPECT_EQ(guard_task(tc_.ctrl.guard(g.slot).load()), b == 300 ? 1u : 2u) << "key " << b;
     r0_->release(g.slot);
   }
   queue_->stop();
@@ -223,8 +352,10 @@ TEST_F(Protect, AnInlineLookThatFindsAMissTakesNothing) {
   for (uint32_t s : ready) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 1u) << "slot " << s << ": rank 1 took it";
   ASSERT_EQ(r0_->mark_ready(loading.slot), Result::kOk);
   r0_->release(loading.slot);
-  // All hits now: the takes are recorded, once the whole batch is pinned.
+  // All hits now: the caller numbers its task and takes the batch for it.
   ASSERT_TRUE(r1_->pin_all_ready(3, KeyRun{keys}, slots));
+  for (uint32_t s : slots) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 1u) << "slot " << s << ": not yet";
+  r1_->take_all(slots, 3, 0);
   for (uint32_t s : slots) EXPECT_EQ(guard_taken(tc_.ctrl.guard(s).load()), 3u) << "slot " << s;
   r1_->release_ready_pins(slots, 3);
 }

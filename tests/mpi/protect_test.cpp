@@ -1,0 +1,130 @@
+// The eviction protection (ctrl/protect.h) through the public API when the
+// ranks' load tasks are numbered out of step: a rank may skip a node task or
+// submit a task of its own (the API allows both), so its n-th load task is
+// not its peers' n-th. Protection then holds slots for the wrong ranks; the
+// order of waits (an evictor waits only for ranks not ahead of it, and for
+// itself only at its own task) keeps that from closing a cycle of waits. With
+// the grace far above the task timeout, a wait that only the grace could end
+// fails the task: every task must succeed, byte-exact.
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/sim_content.h"
+#include "common/time.h"
+#include "mpi/cache_fixture.h"
+#include "mpi/mpi_test.h"
+#include "mpi/task_util.h"
+#include "ucmcache/ucm.h"
+
+namespace ucm::test {
+namespace {
+
+using ProtectOrder = CacheTest;
+
+constexpr uint32_t kKeys = 8;         // per task
+constexpr uint32_t kTasks = 32;       // node tasks
+constexpr uint32_t kCacheSlots = 32;  // 4 tasks
+constexpr uint64_t kPeriodUs = 1000;  // one node task per period on every rank
+constexpr int64_t kTaskTimeoutMs = 3000;
+constexpr uint32_t kGraceMs = 20000;  // far above the timeout: a wait only the grace ends fails the task
+
+// Node task t's blocks, the same on every rank: half new, half a new block of
+// one of the 6 tasks before (shards asked for again).
+std::vector<uint64_t> node_task_blocks(uint32_t t) {
+  std::mt19937_64 r(t * 7919 + 13);
+  std::vector<uint64_t> b;
+  for (uint32_t i = 0; i < kKeys; ++i) {
+    if (t > 0 && i % 2 == 0) {
+      const uint32_t back = 1 + static_cast<uint32_t>(r() % std::min<uint32_t>(6, t));
+      b.push_back(1000 + uint64_t{t - back} * kKeys + 1 + (r() % (kKeys / 2)) * 2);
+    } else {
+      b.push_back(1000 + uint64_t{t} * kKeys + i);
+    }
+  }
+  std::sort(b.begin(), b.end());
+  b.erase(std::unique(b.begin(), b.end()), b.end());
+  return b;
+}
+
+// Runs the node tasks on every rank, paced; the last rank is one period late,
+// skips the node tasks in `skip` and, before each node task in `own`, submits
+// a task of blocks no other rank asks for. Each rank stops at its first
+// failed task. Returns this rank's count of failed tasks (0 or 1).
+int run_out_of_step(ucm_cache_t cache, const std::set<uint32_t>& skip, const std::set<uint32_t>& own) {
+  const bool odd_one = world_rank() == world_size() - 1;
+  std::vector<std::vector<uint8_t>> dst(kKeys, std::vector<uint8_t>(kTaskShard));
+  auto run = [&](const std::vector<uint64_t>& blocks, const std::string& what) {
+    std::vector<ucm_load_entry_t> es;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      std::fill(dst[i].begin(), dst[i].end(), 0xee);
+      es.push_back({ukey(blocks[i], 0), dst[i].data()});
+    }
+    ucm_task_t id = 0;
+    ucm_result_t r = ucm_load_task(cache, es.data(), es.size(), &id);
+    if (r == UCM_OK) r = ucm_task_wait(cache, id, kTaskTimeoutMs + 5000);
+    EXPECT_EQ(r, UCM_OK) << "rank " << world_rank() << ", " << what << ": " << ucm_last_error(cache);
+    if (r != UCM_OK) return false;
+    for (size_t i = 0; i < es.size(); ++i)
+      EXPECT_EQ(sim_verify(ikey(es[i].key), dst[i].data(), kTaskShard), kTaskShard) << what << " entry " << i;
+    return true;
+  };
+  int64_t t0 = static_cast<int64_t>(now_ns()) + 20000000;
+  MPI_Bcast(&t0, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  for (uint32_t t = 0; t < kTasks; ++t) {
+    const int64_t at = t0 + static_cast<int64_t>((t + (odd_one ? 1 : 0)) * kPeriodUs * 1000);
+    while (static_cast<int64_t>(now_ns()) < at) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (odd_one && own.count(t)) {
+      std::vector<uint64_t> mine;
+      for (uint32_t i = 0; i < kKeys; ++i) mine.push_back(900000 + uint64_t{t} * kKeys + i);
+      if (!run(mine, "its own task before node task " + std::to_string(t))) return 1;
+    }
+    if (odd_one && skip.count(t)) continue;
+    if (!run(node_task_blocks(t), "node task " + std::to_string(t))) return 1;
+  }
+  return 0;
+}
+
+ucm_config_t out_of_step_config() {
+  ucm_config_t cfg = task_config(kCacheSlots, "sim:latency_us=300");
+  cfg.reserved_slots = 0;
+  cfg.prealloc = 0;
+  cfg.shards_per_block = 1;
+  cfg.max_task_entries = kKeys;
+  cfg.protect_grace_ms = kGraceMs;
+  cfg.timeout_ms = kTaskTimeoutMs;
+  return cfg;
+}
+
+// The last rank skipped the first 5 node tasks: its n-th load task is its
+// peers' (n+5)-th. Session 18's rounds without the order of waits failed
+// tasks here at 4 ranks with UCM_ERR_NO_SPACE (checked with the order turned
+// off in ctrl/protect.h): the ranks owed each other the slots of tasks they
+// numbered differently.
+TEST_F(ProtectOrder, ARankThatSkippedTasksAndItsPeersDoNotWaitOnEachOther) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  ASSERT_NO_FATAL_FAILURE(init(out_of_step_config()));
+  const int failed = run_out_of_step(cache_, {0, 1, 2, 3, 4}, {});
+  EXPECT_EQ(allgather_u64(failed), std::vector<uint64_t>(world_size(), 0)) << "failed tasks per rank";
+  EXPECT_EQ(node_stats(cache_).failed_shards, 0u);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+// The other direction: the last rank submits a task of its own keys before
+// node tasks 3, 6, 9 and 12, each moving its numbering one further ahead of
+// its peers' (its stamps read to them as later tasks). Session 18's rounds
+// passed this one; it stays as the mirror of the case above.
+TEST_F(ProtectOrder, ARankWithTasksOfItsOwnAndItsPeersDoNotWaitOnEachOther) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  ASSERT_NO_FATAL_FAILURE(init(out_of_step_config()));
+  const int failed = run_out_of_step(cache_, {}, {3, 6, 9, 12});
+  EXPECT_EQ(allgather_u64(failed), std::vector<uint64_t>(world_size(), 0)) << "failed tasks per rank";
+  EXPECT_EQ(node_stats(cache_).failed_shards, 0u);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
+}  // namespace
+}  // namespace ucm::test
