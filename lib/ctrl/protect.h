@@ -154,13 +154,19 @@ constexpr uint32_t kGuardLagWindow = 64;
 //   - a later task, at most kGuardLagWindow ahead (r lags: a peer ahead
 //     loaded or took it for that task): nothing; r is owed it until it takes
 //     it for that task or passes it. Farther ahead: r's bit, as above;
-//   - an earlier task (or the stamp of a dump's residency), on a Ready hit: a
-//     new round for this task, armed now, taken by r alone. The shard is
-//     asked for again, so every copier not past this task will copy it again:
-//     a resident shard the fast rank hits stays for the slow ones as a loaded
-//     one does. A waiter starts no round (the load in flight is its owner's
-//     round, which the owner arms when it lands; r is past its task) and
-//     records nothing.
+//   - an earlier task (or the stamp of a dump's residency), on a Ready hit by
+//     a rank that has taken this round already: a new round for this task,
+//     armed now, taken by r alone. The shard is asked for again, so every
+//     copier not past this task will copy it again: a resident shard the fast
+//     rank hits stays for the slow ones as a loaded one does. A rank that has
+//     not taken the round (r's first take of an armed residency) records
+//     nothing: its load tasks are numbered ahead of the peers' that made the
+//     round (it submitted tasks of its own), it is past the round's task so
+//     nobody waits for it there, and a new round would wipe the peers' takes
+//     and hold the slot for them for tasks they never ask it in: level peers
+//     then waited on each other a grace at a time (session 19). A waiter
+//     starts no round (the load in flight is its owner's round, which the
+//     owner arms when it lands; r is past its task) and records nothing.
 // The bit goes in with a CAS on the word it judged, so it never lands in a
 // round another rank started meanwhile (a CAS that fails judges again).
 // `now_ms` (optional): the round's time, read once for a batch of takes (0: not
@@ -178,7 +184,7 @@ inline void guard_take(const BufferCtrl& c, uint32_t r, uint32_t i, uint32_t ord
     if (stamp == task || (task_passed(stamp, task) && ahead > kGuardLagWindow)) {
       if (v & bit) return;
       next = v | bit;
-    } else if (task_passed(stamp, task) || !ready) {
+    } else if (task_passed(stamp, task) || !ready || (guard_armed(v) && !(v & bit))) {
       return;
     } else {
       uint64_t own = 0;

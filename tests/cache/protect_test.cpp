@@ -136,9 +136,8 @@ TEST_F(Protect, ALoadedShardStaysUntilEveryCopierHasTakenIt) {
 // Rank 1 copies key 11 through its queue's inline path (an all-hit task,
 // copied on the submitting thread): it records that it took the slot for its
 // task exactly as its copier would. Its first task is its task 0, the task
-// rank 0 loaded the keys for; its next inline task (task 1) takes key 12
-// again for task 1: a new round, which rank 0 owes until it takes it for
-// task 1 too.
+// rank 0 loaded the keys for; its next inline task (task 1) asks for key 11
+// again: a new round, which rank 0 owes until it takes it for task 1 too.
 TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
   const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
@@ -162,8 +161,8 @@ TEST_F(Protect, AnInlineHitTakesTheSlotAsTheCopierWould) {
   EXPECT_EQ(dst[255], 0x11);
   EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[1]).load()), 3u) << "rank 1 recorded its take";
   for (uint32_t i : {0u, 2u, 3u}) EXPECT_EQ(guard_taken(tc_.ctrl.guard(slots[i]).load()), 1u);
-  ASSERT_NO_FATAL_FAILURE(run(12));  // its task 1
-  const uint64_t g = tc_.ctrl.guard(slots[2]).load();
+  ASSERT_NO_FATAL_FAILURE(run(11));  // its task 1
+  const uint64_t g = tc_.ctrl.guard(slots[1]).load();
   EXPECT_EQ(guard_task(g), 1u) << "taken for a later task: that task's round";
   EXPECT_EQ(guard_taken(g), 2u) << "rank 1 alone has taken it for task 1";
   EXPECT_TRUE(guard_armed(g));
@@ -220,6 +219,37 @@ TEST_F(Protect, ATakeForAnEarlierTaskThanTheStampRecordsNothing) {
   EXPECT_EQ(o.slot, slots[1]);
   ASSERT_EQ(r0_->mark_ready(o.slot), Result::kOk);
   r0_->release(o.slot);
+}
+
+// A rank numbered ahead of its peers (it submitted load tasks of its own
+// first: the API allows it) takes, as its task 8, shards ranks 0 and 1 loaded
+// and took for their task 5. That is its first take of the residency, not a
+// shard asked for again, so it starts no round 8 (it records nothing: it is
+// past task 5, nobody waits for it there) and the shard is free once ranks 0
+// and 1 have it. A round 8 wiped the peers' takes, and the two level peers
+// then waited on each other for 3 tasks' worth of slots, each wait the grace
+// (tasks failing at a long grace; an adversarial helper's reproducer,
+// session 19). Only a rank that has taken the residency starts a round.
+TEST_F(Protect, OnlyARankThatTookTheResidencyStartsARoundForALaterTask) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever, 3));
+  at_task(r0_.get(), 0, 5);
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, kSlots);
+  at_task(r1_.get(), 1, 5);
+  for (uint64_t b = 10; b < 10 + kSlots; ++b) ASSERT_NO_FATAL_FAILURE(hit(r1_.get(), b));
+  at_task(r2_.get(), 2, 8);
+  for (uint64_t b = 10; b < 10 + kSlots; ++b) ASSERT_NO_FATAL_FAILURE(hit(r2_.get(), b));
+  for (uint32_t s : slots) {
+    const uint64_t g = tc_.ctrl.guard(s).load();
+    EXPECT_EQ(guard_task(g), 5u) << "slot " << s << ": round 5 stands";
+    EXPECT_EQ(guard_taken(g), 3u) << "slot " << s << ": ranks 0 and 1 took it for task 5";
+  }
+  // Rank 0 has taken key 12: asked for again in its task 6, it starts round 6.
+  at_task(r0_.get(), 0, 6);
+  ASSERT_NO_FATAL_FAILURE(hit(r0_.get(), 12));
+  const uint64_t again = tc_.ctrl.guard(slots[2]).load();
+  EXPECT_EQ(guard_task(again), 6u);
+  EXPECT_EQ(guard_taken(again), 1u);
+  EXPECT_EQ(miss(r0_.get(), 99), Result::kOk) << "keys 10, 11 and 13 are owed to nobody: " << last_error();
 }
 
 // A stamp farther ahead of the taker's task than kGuardLagWindow is not

