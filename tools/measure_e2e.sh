@@ -125,6 +125,9 @@ for m in $MODES; do
   [[ " $ALL_MODES " == *" $m "* ]] || { echo "measure_e2e: unknown mode $m (modes: $ALL_MODES)" >&2; exit 2; }
 done
 
+# The commit, read before this run deletes the files of an earlier run in
+# OUTDIR (inside the checkout they would read as local changes).
+commit_line="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with local changes)')"
 mkdir -p "$out/logs" "$out/json"
 out=$(cd "$out" && pwd)
 # An earlier run's logs, JSON and plots in OUTDIR would outlive it.
@@ -138,7 +141,7 @@ say() { echo "measure_e2e: $*"; }
 # ---- the machine and the build ----------------------------------------------
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "commit: $commit_line"
   echo "size: $SIZE, reps: $REPS, modes: $MODES, demo window: $DEMO_WINDOW (and 1), prefix: ${E2E_PREFIX:-none}"
   echo "drift lags: $DRIFT_LAGS (cache $DRIFT_CACHE tasks), hit runs (slots:shard bytes): $HIT_RUNS, finalize ranks: $FINALIZE_RANKS, hugepages to reserve: $HUGEPAGES"
   echo "host: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
