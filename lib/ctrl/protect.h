@@ -75,6 +75,17 @@
 // behind that misses (the cache lost its shard) may evict a shard loaded for
 // it for a later task, and will load that one again.
 //
+// An idle rank holds nothing: a rank whose queue has passed every load task
+// it took publishes since when (RankRecord.idle_since_ms; 0 while a load
+// task is in its queue), and once that is a whole grace ago no slot waits
+// for it. Without that, a live rank that stopped asking (its job's last
+// task done, a barrier before finalize) held every shard loaded after it
+// stopped for a grace each, and its peers backed off a grace per cache-full
+// (an adversarial run: 7.0 s where a grace is 1 s). The grace then means: a
+// live rank that asks for nothing for a whole grace holds nothing. A rank
+// that comes back loads again what it lost, as after a pause past the grace
+// before. Direct CacheBuffer users publish nothing (0): never idle.
+//
 // Dumps do not arm, and a dump's get takes nothing: a dumped key may be one
 // no peer ever asks for (a load task that takes a dumped residency starts
 // its round, guard_take: its peers will ask for it). A grace of
@@ -224,8 +235,9 @@ struct ProtectView {
   uint32_t now_ms = 0;
   bool have_now = false;
   uint32_t me = kMaxRanks;             // the evictor's rank (kMaxRanks: none, every owed copier is waited for)
-  uint32_t have_passed = 0;            // bit r: passed[r] was read
+  uint32_t have_passed = 0;            // bit r: passed[r] and idle[r] were read
   uint32_t passed[kMaxRanks];          // RankRecord.tasks_passed, read once per sweep (valid where have_passed says)
+  uint32_t idle[kMaxRanks];            // RankRecord.idle_since_ms, read with passed[r]
 };
 
 // The view of the evictor whose claims carry `holder` (holder_id(rank)).
@@ -240,9 +252,29 @@ inline ProtectView protect_view(const BufferCtrl& c, uint32_t holder) {
 inline uint32_t passed_of(const BufferCtrl& c, uint32_t r, ProtectView* v) {
   if (!(v->have_passed & (1u << r))) {
     v->passed[r] = c.rank(r).tasks_passed.load(std::memory_order_acquire);
+    v->idle[r] = c.rank(r).idle_since_ms.load(std::memory_order_acquire);
     v->have_passed |= 1u << r;
   }
   return v->passed[r];
+}
+
+// Whether rank r has asked for nothing for a whole grace (above). Its
+// passed[r] was read (passed_of).
+inline bool idle_past_grace(uint32_t r, ProtectView* v) {
+  const uint32_t since = v->idle[r];
+  if (since == 0) return false;
+  if (!v->have_now) {
+    v->now_ms = protect_now_ms();
+    v->have_now = true;
+  }
+  return v->now_ms - since >= v->grace_ms;
+}
+
+// The value a queue publishes in idle_since_ms when it has passed every load
+// task: now, never 0 (0 means busy).
+inline uint32_t idle_stamp_now() {
+  const uint32_t t = protect_now_ms();
+  return t == 0 ? 1 : t;
 }
 
 // Whether guard word g's time is less than the grace ago (the view reads the
@@ -256,8 +288,8 @@ inline bool within_grace(uint64_t g, ProtectView* v) {
 }
 
 // The copiers the evictor waits for: those that have not taken the residency
-// of guard word g and are not past its task (a stale tasks_passed is smaller:
-// it only waits longer), in the order of waits: not a copier ahead of the
+// of guard word g, are not past its task (a stale tasks_passed is smaller: it
+// only waits longer) and have not been idle for a grace, in the order of waits: not a copier ahead of the
 // evictor, and the evictor itself only at the task it dispatches.
 inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
   uint32_t owed = v->copiers & ~guard_taken(g);
@@ -265,7 +297,7 @@ inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
   for (uint32_t m = owed; m != 0; m &= m - 1) {
     const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
     if (r >= kMaxRanks) break;
-    if (task_passed(passed_of(c, r, v), task)) owed &= ~(1u << r);
+    if (task_passed(passed_of(c, r, v), task) || idle_past_grace(r, v)) owed &= ~(1u << r);
   }
   if (owed == 0 || v->me >= kMaxRanks) return owed;
   const uint32_t mine = passed_of(c, v->me, v);

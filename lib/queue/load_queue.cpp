@@ -63,6 +63,7 @@ LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, c
 LoadQueue::~LoadQueue() { stop(); }
 
 Result LoadQueue::start() {
+  note_idle();  // nothing in it yet (ctrl/protect.h: a rank that asks for nothing holds nothing after a grace)
   UCM_CHECK(engine_->open_stream(&copy_stream_));
   UCM_CHECK(engine_->open_stream(&dump_stream_));
   dispatcher_ = std::thread([this] { dispatcher_main(); });
@@ -107,6 +108,7 @@ uint64_t LoadQueue::io_in_flight() const {
 
 Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
   t->set_on_done([this](const Task& done) { record_done(done); });
+  if (t->kind() == TaskKind::kLoad) note_busy();  // before any of its takes (a peer must wait for it again)
   if (inline_ && t->kind() == TaskKind::kLoad && !stop_flag_.load(std::memory_order_acquire) && run_inline(*t))
     return Result::kOk;
   std::lock_guard<std::mutex> g(mu_);
@@ -116,6 +118,7 @@ Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
   if (t->kind() == TaskKind::kLoad) {
     t->set_ordinal(next_ordinal_.fetch_add(1, std::memory_order_relaxed));
     undispatched_loads_.fetch_add(1, std::memory_order_seq_cst);
+    note_busy();  // again, after the count: a pass that saw no task left and stamped idle is undone
   }
   pending_.push_back(t);
   queued_tasks_.fetch_add(1, std::memory_order_relaxed);
@@ -156,8 +159,10 @@ bool LoadQueue::run_inline(Task& t) {
 // late one only makes peers wait longer (at most the grace).
 void LoadQueue::pass_queued(uint32_t ordinal) {
   publish_passed(ordinal + 1);
-  if (undispatched_loads_.fetch_sub(1, std::memory_order_seq_cst) == 1)
+  if (undispatched_loads_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
     publish_passed(inline_through_.load(std::memory_order_seq_cst));
+    note_idle();
+  }
 }
 
 void LoadQueue::pass_inline(uint32_t ordinal) {
@@ -165,7 +170,24 @@ void LoadQueue::pass_inline(uint32_t ordinal) {
   while (static_cast<int32_t>(ordinal + 1 - seen) > 0 &&
          !inline_through_.compare_exchange_weak(seen, ordinal + 1, std::memory_order_seq_cst)) {
   }
-  if (undispatched_loads_.load(std::memory_order_seq_cst) == 0) publish_passed(ordinal + 1);
+  if (undispatched_loads_.load(std::memory_order_seq_cst) == 0) {
+    publish_passed(ordinal + 1);
+    note_idle();
+  }
+}
+
+void LoadQueue::note_busy() {
+  cache_->ctrl().rank(opts_.local_rank).idle_since_ms.store(0, std::memory_order_seq_cst);
+}
+
+// Idle from now, unless a load task came in meanwhile: its submit counts it
+// and then stores 0 (seq_cst on both sides), so either this re-check sees the
+// count, or the submit's 0 lands after our stamp. A stale 0 only makes peers
+// wait longer (at most the grace).
+void LoadQueue::note_idle() {
+  std::atomic<uint32_t>& idle = cache_->ctrl().rank(opts_.local_rank).idle_since_ms;
+  idle.store(idle_stamp_now(), std::memory_order_seq_cst);
+  if (undispatched_loads_.load(std::memory_order_seq_cst) != 0) idle.store(0, std::memory_order_seq_cst);
 }
 
 // A CAS max modulo 2^32: tasks_passed only moves forward.

@@ -172,6 +172,10 @@ class LoadQueue {
   void pass_queued(uint32_t ordinal);
   void pass_inline(uint32_t ordinal);
   void publish_passed(uint32_t through);
+  // RankRecord.idle_since_ms (ctrl/protect.h): 0 while a load task is in
+  // this queue, the time it passed the last one otherwise.
+  void note_busy();
+  void note_idle();
   void dispatcher_main();
   void copier_main();
   void dispatch(const std::shared_ptr<Task>& t);

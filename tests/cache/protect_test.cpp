@@ -334,6 +334,8 @@ TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
   ASSERT_NO_FATAL_FAILURE(start_queue());
   const std::atomic<uint32_t>& passed = tc_.ctrl.rank(1).tasks_passed;
+  const std::atomic<uint32_t>& idle = tc_.ctrl.rank(1).idle_since_ms;
+  EXPECT_NE(idle.load(), 0u) << "a started queue with nothing in it is idle";
   std::vector<uint8_t> dst(256);
   auto run = [&](uint64_t b, uint32_t through) {
     std::vector<TaskEntry> es(1);
@@ -345,8 +347,9 @@ TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
     ASSERT_EQ(t->result(), Result::kOk) << t->error();
     // Published when the dispatch ends, which may be just after the copy.
     const uint64_t until = deadline_after_ms(20000);
-    while (passed.load() != through && now_ns() < until) usleep(100);
+    while ((passed.load() != through || idle.load() == 0) && now_ns() < until) usleep(100);
     EXPECT_EQ(passed.load(), through) << "after the task of key " << b;
+    EXPECT_NE(idle.load(), 0u) << "idle again after the task of key " << b;
   };
   ASSERT_NO_FATAL_FAILURE(run(300, 1));  // a miss: the dispatcher loads it as task 0
   ASSERT_NO_FATAL_FAILURE(run(300, 2));  // all hits: inline, task 1
@@ -360,6 +363,26 @@ TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
     EXPECT_EQ(guard_task(tc_.ctrl.guard(g.slot).load()), b == 300 ? 1u : 2u) << "key " << b;
     r0_->release(g.slot);
   }
+  // A task its dispatcher cannot pass (rank 0 pins every slot: no room for
+  // its miss) keeps the rank busy: idle_since_ms is 0 until it passes.
+  std::vector<GetResult> pins(kSlots);
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    ASSERT_EQ(r0_->get(key(400 + i, 0), &pins[i]), Result::kOk) << last_error();
+    ASSERT_EQ(r0_->mark_ready(pins[i].slot), Result::kOk);
+  }
+  std::vector<TaskEntry> es(1);
+  es[0].key = key(302, 0);
+  es[0].dst = dst.data();
+  auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+  ASSERT_EQ(queue_->submit(t), Result::kOk) << last_error();
+  EXPECT_EQ(idle.load(), 0u) << "a load task is in the queue";
+  EXPECT_FALSE(t->done());
+  for (const GetResult& g : pins) r0_->release(g.slot);
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  const uint64_t until = deadline_after_ms(20000);
+  while (idle.load() == 0 && now_ns() < until) usleep(100);
+  EXPECT_NE(idle.load(), 0u) << "idle once it passed";
   queue_->stop();
 }
 
@@ -519,6 +542,27 @@ TEST_F(Protect, AnEvictorWaitsForTheRanksBehindItNotForThoseAhead) {
   at_task(r0_.get(), 0, 1);
   EXPECT_EQ(miss(r1_.get(), 98), Result::kNoSpace) << "rank 0, behind rank 1, has yet to take them";
   EXPECT_EQ(miss(r0_.get(), 99), Result::kOk) << last_error();
+}
+
+// A rank that has asked for nothing for a whole grace holds nothing
+// (protect.h): rank 1 loaded the cache for task 5 and misses again; rank 0,
+// behind it and owed every slot, is waited for while it is busy or idle for
+// less than the grace, and not once it has been idle for the whole grace.
+// Before, a live rank that stopped asking held every shard loaded after it
+// stopped for a grace each (an adversarial run: 7.0 s where a grace is 1 s).
+TEST_F(Protect, ARankIdleForAWholeGraceHoldsNothing) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r1_.get(), 1, 5);
+  load(r1_.get(), 10, kSlots);
+  at_task(r0_.get(), 0, 2);
+  std::atomic<uint32_t>& idle = tc_.ctrl.rank(0).idle_since_ms;
+  idle.store(0);
+  EXPECT_EQ(miss(r1_.get(), 97), Result::kNoSpace) << "rank 0 has a load task in its queue";
+  idle.store(idle_stamp_now());
+  EXPECT_EQ(miss(r1_.get(), 98), Result::kNoSpace) << "rank 0 has been idle for less than the grace";
+  const uint32_t long_ago = protect_now_ms() - kNever - 1;
+  idle.store(long_ago == 0 ? 1 : long_ago);
+  EXPECT_EQ(miss(r1_.get(), 99), Result::kOk) << "rank 0 has asked for nothing for a whole grace: " << last_error();
 }
 
 // The stamp is 14 bits: ordinals compare modulo 2^14, and a rank half the
