@@ -298,6 +298,9 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor 
   WaitClock clk;
   bool reaped_for_space = false;
   SweepState sweep;  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
+  sweep.have_task = true;  // whom it serves (protect.h): this get's load task
+  sweep.task = f.ordinal;
+  sweep.wait_self = f.wait_self && f.take;  // a dump copies nothing to this rank: it owes itself nothing
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
   for (;;) {
     if (!shared_try_lock(lock, holder_)) {
@@ -333,7 +336,11 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor 
       // Pins of a dead rank may be what fills the cache: recover, then retry once.
       if (!reaped_for_space && any_rank_dead(c)) {
         reaped_for_space = true;
-        sweep = SweepState{};
+        SweepState again;  // from the start, for the same task
+        again.have_task = sweep.have_task;
+        again.task = sweep.task;
+        again.wait_self = sweep.wait_self;
+        sweep = again;
         clk.start(opts_.lock_timeout_ms, slice_ns_);
         UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, clk.deadline));
         continue;

@@ -88,6 +88,12 @@ struct GetResult {
 struct GetFor {
   uint32_t ordinal = 0;
   bool take = true;
+  // A miss's eviction waits for this rank's own takes at `ordinal` (protect.h,
+  // the order of waits); false: for none (a dump's get, which takes nothing).
+  // Dropping it once the dispatcher had taken all it could of the task
+  // (take_served) was tried: slots it was still to take went, and a task of
+  // more keys than the cache loaded shards twice.
+  bool wait_self = true;
 };
 
 enum class WriteClaim : uint8_t { kStored, kWriter, kBeingWritten };

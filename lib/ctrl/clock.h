@@ -73,6 +73,12 @@ struct SweepState {
   // passed over, so a prealloc that finds no slot can tell why.
   bool reserved = false;
   uint64_t in_flight = 0;    // positions held by a load, pinned (copies, waiters) or claimed
+  // Whom the evictor serves (protect.h, the order of waits): the load task of
+  // its get (have_task; otherwise its RankRecord.tasks_passed stands in), and
+  // whether it still waits for its own takes at that task.
+  bool have_task = false;
+  uint32_t task = 0;
+  bool wait_self = true;
   // Every phase ran to its end: a kNoSlot answer is final.
   bool done() const { return started && chance_left == 0 && stored_left == 0 && any_left == 0; }
 };

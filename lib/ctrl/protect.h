@@ -150,6 +150,15 @@ inline bool task_passed(uint32_t passed, uint32_t task) {
 // The clock of the arm time and the grace: CLOCK_MONOTONIC in ms, truncated.
 inline uint32_t protect_now_ms() { return static_cast<uint32_t>(now_ns() / 1000000ull); }
 
+// Milliseconds from `then` to `now` (both protect_now_ms(), modulo 2^32); 0
+// when `then` is later: an evictor reads the clock once per sweep, and a
+// stamp written after that read (an arm, a round, an idle mark a ms later)
+// is new, not 2^32 ms old.
+inline uint32_t elapsed_ms(uint32_t now, uint32_t then) {
+  const int32_t d = static_cast<int32_t>(now - then);
+  return d < 0 ? 0 : static_cast<uint32_t>(d);
+}
+
 // How far ahead of a taker's task a stamp may be and still read as "the
 // taker lags" (it records nothing and is owed the shard until it takes it for
 // that task or passes it). Farther is not drift but a rank whose load tasks
@@ -235,17 +244,26 @@ struct ProtectView {
   uint32_t now_ms = 0;
   bool have_now = false;
   uint32_t me = kMaxRanks;             // the evictor's rank (kMaxRanks: none, every owed copier is waited for)
+  bool have_task = false;              // my_task is the load task the evictor's get serves
+  uint32_t my_task = 0;                // (else its tasks_passed stands in)
+  bool wait_self = true;               // false: it waits for none of its own takes
   uint32_t have_passed = 0;            // bit r: passed[r] and idle[r] were read
   uint32_t passed[kMaxRanks];          // RankRecord.tasks_passed, read once per sweep (valid where have_passed says)
   uint32_t idle[kMaxRanks];            // RankRecord.idle_since_ms, read with passed[r]
 };
 
-// The view of the evictor whose claims carry `holder` (holder_id(rank)).
-inline ProtectView protect_view(const BufferCtrl& c, uint32_t holder) {
+// The view of the evictor whose claims carry `holder` (holder_id(rank)),
+// serving load task `task` when `have_task`, waiting for its own takes there
+// unless !wait_self.
+inline ProtectView protect_view(const BufferCtrl& c, uint32_t holder, bool have_task = false, uint32_t task = 0,
+                                bool wait_self = true) {
   ProtectView v;
   v.grace_ms = c.protect_grace_ms();
   if (v.grace_ms != 0) v.copiers = c.globals().copiers.load(std::memory_order_seq_cst);
   if (holder >= 1 && holder <= kMaxRanks) v.me = holder - 1;
+  v.have_task = have_task;
+  v.my_task = task;
+  v.wait_self = wait_self;
   return v;
 }
 
@@ -267,7 +285,7 @@ inline bool idle_past_grace(uint32_t r, ProtectView* v) {
     v->now_ms = protect_now_ms();
     v->have_now = true;
   }
-  return v->now_ms - since >= v->grace_ms;
+  return elapsed_ms(v->now_ms, since) >= v->grace_ms;
 }
 
 // The value a queue publishes in idle_since_ms when it has passed every load
@@ -284,7 +302,7 @@ inline bool within_grace(uint64_t g, ProtectView* v) {
     v->now_ms = protect_now_ms();
     v->have_now = true;
   }
-  return v->now_ms - guard_time_ms(g) < v->grace_ms;
+  return elapsed_ms(v->now_ms, guard_time_ms(g)) < v->grace_ms;
 }
 
 // The copiers the evictor waits for: those that have not taken the residency
@@ -301,7 +319,9 @@ inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
   }
   if (owed == 0 || v->me >= kMaxRanks) return owed;
   const uint32_t mine = passed_of(c, v->me, v);
-  if ((owed & (1u << v->me)) && ((mine ^ task) & (kGuardTaskModulo - 1)) != 0) owed &= ~(1u << v->me);
+  const uint32_t current = v->have_task ? v->my_task : mine;
+  if ((owed & (1u << v->me)) && (!v->wait_self || ((current ^ task) & (kGuardTaskModulo - 1)) != 0))
+    owed &= ~(1u << v->me);
   for (uint32_t m = owed & ~(1u << v->me); m != 0; m &= m - 1) {
     const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
     if (r >= kMaxRanks) break;

@@ -108,9 +108,12 @@ uint64_t LoadQueue::io_in_flight() const {
 
 Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
   t->set_on_done([this](const Task& done) { record_done(done); });
-  if (t->kind() == TaskKind::kLoad) note_busy();  // before any of its takes (a peer must wait for it again)
-  if (inline_ && t->kind() == TaskKind::kLoad && !stop_flag_.load(std::memory_order_acquire) && run_inline(*t))
-    return Result::kOk;
+  if (inline_ && t->kind() == TaskKind::kLoad && !stop_flag_.load(std::memory_order_acquire)) {
+    note_busy();  // before any of its takes (a peer must wait for it again)
+    const bool done = run_inline(*t);
+    if (undispatched_loads_.load(std::memory_order_seq_cst) == 0 && !done) note_idle();  // nothing of ours queued yet
+    if (done) return Result::kOk;
+  }
   std::lock_guard<std::mutex> g(mu_);
   if (stopping_) return fail(Result::kFinalized, "the cache is being finalized");
   if (pending_.size() >= opts_.pending_limit)
@@ -186,8 +189,12 @@ void LoadQueue::note_busy() {
 // wait longer (at most the grace).
 void LoadQueue::note_idle() {
   std::atomic<uint32_t>& idle = cache_->ctrl().rank(opts_.local_rank).idle_since_ms;
-  idle.store(idle_stamp_now(), std::memory_order_seq_cst);
-  if (undispatched_loads_.load(std::memory_order_seq_cst) != 0) idle.store(0, std::memory_order_seq_cst);
+  uint32_t stamp = idle_stamp_now();
+  idle.store(stamp, std::memory_order_seq_cst);
+  // Undo only our own stamp: a later pass may have stamped since (its stamp
+  // is as true as ours would have been wrong).
+  if (undispatched_loads_.load(std::memory_order_seq_cst) != 0)
+    idle.compare_exchange_strong(stamp, 0, std::memory_order_seq_cst);
 }
 
 // A CAS max modulo 2^32: tasks_passed only moves forward.
@@ -267,8 +274,9 @@ GetFor LoadQueue::get_for(const Task& t) const {
 }
 
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
+  const GetFor f = get_for(t);
   for (;;) {
-    const Result r = cache_->get(k, g, get_for(t));
+    const Result r = cache_->get(k, g, f);
     if (r != Result::kNoSpace) return r;
     // Every slot is pinned, or protected for a rank that has not taken it:
     // our copier (and the peers') drain and release, protection ends.

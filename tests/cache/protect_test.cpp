@@ -88,7 +88,7 @@ class Protect : public ::testing::Test {
   }
   Result next_after(uint32_t stamp, uint32_t passed);
   // Rank 1's load queue over a sim store (no latency), inline hits on.
-  void start_queue() {
+  void start_queue(size_t pending_limit = QueueOptions{}.pending_limit) {
     SimOptions so;
     so.latency_us = 0;
     BackendContext ctx;
@@ -101,6 +101,7 @@ class Protect : public ::testing::Test {
     q.local_size = 2;
     q.prealloc = false;
     q.inline_hits = true;
+    q.pending_limit = pending_limit;
     queue_ = std::make_unique<LoadQueue>(r1_.get(), store_.get(), engine_.get(), Placement{}, q);
     ASSERT_EQ(queue_->start(), Result::kOk) << last_error();
   }
@@ -563,6 +564,61 @@ TEST_F(Protect, ARankIdleForAWholeGraceHoldsNothing) {
   const uint32_t long_ago = protect_now_ms() - kNever - 1;
   idle.store(long_ago == 0 ? 1 : long_ago);
   EXPECT_EQ(miss(r1_.get(), 99), Result::kOk) << "rank 0 has asked for nothing for a whole grace: " << last_error();
+}
+
+// A load task the queue refuses (kBusy: its dispatcher has the most tasks
+// waiting it takes) leaves the rank idle: nothing of it is queued. When the
+// refusal came after the rank marked itself busy, it stayed busy for good and
+// every peer waited a grace per slot for it again (a review, session 19).
+TEST_F(Protect, ARefusedLoadTaskLeavesTheRankIdle) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  ASSERT_NO_FATAL_FAILURE(start_queue(0));  // refuses every queued task
+  std::vector<uint8_t> dst(256);
+  std::vector<TaskEntry> es(1);
+  es[0].key = key(500, 0);  // a miss: not an inline task
+  es[0].dst = dst.data();
+  auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(20000));
+  EXPECT_EQ(queue_->submit(t), Result::kBusy);
+  EXPECT_NE(tc_.ctrl.rank(1).idle_since_ms.load(), 0u);
+  queue_->stop();
+}
+
+// The evictor reads the clock once per sweep; an arm, a round or an idle mark
+// written after that read (a ms later) is new, not 2^32 ms old: the slot
+// stays within its grace and the rank is not idle (a review, session 19: such
+// a stamp read as long past, and the sweep evicted a slot just loaded).
+TEST_F(Protect, AStampNewerThanTheSweepsClockIsNew) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  const std::vector<uint32_t> slots = load(r0_.get(), 10, 1);
+  ProtectView v = protect_view(tc_.ctrl, holder_id(0));
+  v.have_now = true;
+  v.now_ms = guard_time_ms(tc_.ctrl.guard(slots[0]).load()) - 1;  // the sweep's clock: a ms before the arm
+  EXPECT_TRUE(slot_protected(tc_.ctrl, slots[0], &v)) << "armed a ms after the sweep read its clock";
+  tc_.ctrl.rank(1).idle_since_ms.store(v.now_ms + 1 == 0 ? 1 : v.now_ms + 1);
+  passed_of(tc_.ctrl, 1, &v);
+  EXPECT_FALSE(idle_past_grace(1, &v)) << "idle since a ms after the sweep read its clock";
+  EXPECT_EQ(elapsed_ms(5, 7), 0u);
+  EXPECT_EQ(elapsed_ms(7, 5), 2u);
+  EXPECT_EQ(elapsed_ms(1, 0xffffffffu), 2u) << "across the wrap";
+}
+
+// Whom the evictor waits for of itself: its own takes at the task its get
+// serves (GetFor.ordinal), not at tasks_passed, which lags behind it when an
+// inline task finished ahead of a queued one (a review, session 19); and none
+// for a get that takes nothing or says so (GetFor.wait_self).
+TEST_F(Protect, AnEvictorWaitsForItselfOnlyAtTheTaskItsGetServes) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  at_task(r1_.get(), 1, 6);
+  load(r1_.get(), 10, kSlots);  // task 6, owed to rank 0
+  tc_.ctrl.rank(0).tasks_passed.store(6);
+  GetResult o;
+  EXPECT_EQ(r0_->get(key(97, 0), &o, GetFor{6, true}), Result::kNoSpace) << "its own task 6";
+  EXPECT_EQ(r0_->get(key(98, 0), &o, GetFor{6, true, false}), Result::kOk) << "a get that waits for none of its own takes";
+  EXPECT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
+  EXPECT_EQ(r0_->get(key(99, 0), &o, GetFor{7, true}), Result::kOk) << "task 6 is behind it (passed lags)";
+  EXPECT_EQ(r0_->mark_ready(o.slot), Result::kOk);
+  r0_->release(o.slot);
 }
 
 // The stamp is 14 bits: ordinals compare modulo 2^14, and a rank half the
