@@ -511,6 +511,7 @@ Result BufferCtrl::join(uint32_t r) {
   rec.generation.fetch_add(1, std::memory_order_relaxed);
   rec.tasks_passed.store(0, std::memory_order_relaxed);  // a new queue numbers its tasks from 0 (protect.h)
   rec.idle_since_ms.store(0, std::memory_order_relaxed);  // no queue yet: never idle (protect.h)
+  rec.lapsed_ms.store(0, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
   return Result::kOk;
 }
@@ -537,6 +538,7 @@ void BufferCtrl::finish_join(uint32_t r) {
   rec.generation.fetch_add(1, std::memory_order_relaxed);
   rec.tasks_passed.store(0, std::memory_order_relaxed);  // a new queue numbers its tasks from 0 (protect.h)
   rec.idle_since_ms.store(0, std::memory_order_relaxed);  // no queue yet: never idle (protect.h)
+  rec.lapsed_ms.store(0, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kAlive), std::memory_order_release);
 }
 

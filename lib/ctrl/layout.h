@@ -46,7 +46,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 14;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms (protect.h)
+constexpr uint32_t kCtrlAbi = 14;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms and lapsed_ms (protect.h)
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -217,7 +217,8 @@ struct alignas(64) RankRecord {
   std::atomic<uint64_t> generation;   // rank r: bumped at each join
   std::atomic<uint32_t> tasks_passed; // rank r's queue: load tasks it has finished dispatching (protect.h); 0 at join
   std::atomic<uint32_t> idle_since_ms; // rank r's queue: protect_now_ms() (never 0) since it passed every load task it took, 0 while one is in it (protect.h); 0 at join
-  uint8_t pad_[32];
+  std::atomic<uint32_t> lapsed_ms;     // any rank's evictor: protect_now_ms() (never 0) when a slot's grace ran out owed to rank r while r was idle (protect.h); 0 at join
+  uint8_t pad_[28];
   alignas(64) RankCounters counters;
   alignas(8) uint8_t queue_area[4096 - 64 - sizeof(RankCounters)];  // rank r's queue only
 };

@@ -63,7 +63,7 @@ LoadQueue::LoadQueue(CacheBuffer* cache, Backend* backend, CopyEngine* engine, c
 LoadQueue::~LoadQueue() { stop(); }
 
 Result LoadQueue::start() {
-  note_idle();  // nothing in it yet (ctrl/protect.h: a rank that asks for nothing holds nothing after a grace)
+  note_idle();  // nothing in it yet (ctrl/protect.h: an idle rank that let a protection lapse holds nothing)
   UCM_CHECK(engine_->open_stream(&copy_stream_));
   UCM_CHECK(engine_->open_stream(&dump_stream_));
   dispatcher_ = std::thread([this] { dispatcher_main(); });
