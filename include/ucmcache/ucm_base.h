@@ -150,11 +150,14 @@ typedef struct ucm_config {
                                 every page at init, so memory the kernel cannot give is an
                                 init error, not a SIGBUS later; 1 maps it lazily, unchecked */
   int32_t protect;           /* UCM_PROTECT=1|0 (1): ucm_load_task is node-collective, so a shard
-                                loaded for a task stays in the cache until every local rank
-                                (with a copy engine) has taken it, or protect_grace_ms
+                                loaded for a task (or still held and asked for again by a later
+                                task) stays in the cache until every local rank (with a copy
+                                engine) has taken it for that task, or protect_grace_ms
                                 passed: ranks that drift apart still load it once  [layout] */
   uint32_t protect_grace_ms; /* UCM_PROTECT_GRACE_MS (1000): the bound on that protection, so a
-                                rank that never asks for a shard cannot hold it     [layout] */
+                                rank that never asks for a shard cannot hold it, and a rank with
+                                no load task that let a shard's grace run out holds nothing
+                                until it asks again                                 [layout] */
   ucm_fanout_t fanout;       /* UCM_FANOUT=off|nccl|mpi (off): in nccl or mpi mode each shard is
                                 read from the host slot once per node (by its root, entry i's
                                 root being local rank i mod local_size) and broadcast to the
