@@ -230,6 +230,10 @@ Result Cache::open_rank() {
     q.load_retries = config_.load_retries;
     q.owner_grace_ns = uint64_t{config_.owner_grace_us} * 1000;
     if (config_.fanout != UCM_FANOUT_OFF) q.owner_grace_ns = 0;  // a rank's fan-out loads are its own alone
+    // A wait for a free slot that no release ends (a protection's grace running
+    // out) looks again within an eighth of the grace (ctrl/space_bell.h).
+    if (config_.protect != 0)
+      q.no_space_backoff_max_ns = std::min(q.no_space_backoff_max_ns, std::max(q.no_space_backoff_ns, uint64_t{config_.protect_grace_ms} * 1'000'000 / 8));
     // All-hit loads copied on the calling thread (load_queue.h): never in
     // fan-out (its turns are collective) nor with order=natural (the legacy
     // control group keeps the old code's hand-offs); the queue takes it only

@@ -12,6 +12,7 @@
 #include "ctrl/pins.h"
 #include "ctrl/protect.h"
 #include "ctrl/recovery.h"
+#include "ctrl/space_bell.h"
 #include "sync/futex.h"
 #include "sync/shared_lock.h"
 #include "sync/spin.h"
@@ -243,6 +244,7 @@ void CacheBuffer::unpin_ready(const uint32_t* slots, size_t n) {
   // first: a hold of this rank on the same slot is another reference, which
   // its own release() drops.
   for (size_t i = 0; i < n; ++i) (void)unpin_slot(c, opts_.rank, slots[i]);
+  note_space_freed(c);  // once per batch (ctrl/space_bell.h)
 }
 
 // In this file, after its pieces, so that they inline into the loops: per
@@ -490,6 +492,7 @@ Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
   ctrl_->accessed(slot).store(ok ? 1 : kAccessedUnstored, std::memory_order_relaxed);
   tally(-1);
   if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
+  note_space_freed(*ctrl_);  // the writer's reference is gone (ctrl/space_bell.h)
   return Result::kOk;
 }
 
@@ -734,7 +737,9 @@ Result CacheBuffer::wait_for_change(uint32_t slot, uint32_t observed, uint64_t d
 }
 
 void CacheBuffer::release(uint32_t slot) {
-  if (release_one(slot)) tally(-1);
+  if (!release_one(slot)) return;
+  tally(-1);
+  note_space_freed(*ctrl_);  // a rank waiting for a free slot looks again (ctrl/space_bell.h)
 }
 
 bool CacheBuffer::release_one(uint32_t slot) {

@@ -17,6 +17,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "ctrl/pins.h"
+#include "ctrl/space_bell.h"
 #include "sync/process_identity.h"
 
 namespace ucm {
@@ -547,6 +548,7 @@ uint32_t BufferCtrl::leave(uint32_t r, bool holds_references) {
   // It copies nothing more: no shard waits for it (protect.h).
   set_copier(r, false);
   globals().deferring.fetch_and(~(1u << r), std::memory_order_relaxed);
+  space_wait_end(*this, r);
   DroppedRefs d;
   const uint32_t walked = holds_references ? total_ : 0;
   for (uint32_t i = 0; i < walked; ++i) drop_rank_refs(*this, i, 1u << r, &d);
@@ -559,6 +561,7 @@ uint32_t BufferCtrl::leave(uint32_t r, bool holds_references) {
   rec.pid.store(0, std::memory_order_relaxed);
   rec.start_ticks.store(0, std::memory_order_relaxed);
   rec.state.store(static_cast<uint32_t>(RankState::kFree), std::memory_order_release);
+  note_space_freed(*this);  // what it held or was owed is free now (space_bell.h)
   return walked;
 }
 

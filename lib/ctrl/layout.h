@@ -46,7 +46,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 14;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms and lapsed_ms (protect.h)
+constexpr uint32_t kCtrlAbi = 15;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms and lapsed_ms (protect.h); 15: CtrlGlobals.space_waiting and space_bell (space_bell.h)
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key
@@ -184,8 +184,12 @@ struct alignas(64) CtrlGlobals {
   alignas(64) std::atomic<uint64_t> recovery_lock;   // the reaper of dead ranks (process_lock: pid + start time)
   std::atomic<uint32_t> reap_count;                  // reaper: completed reaps
   std::atomic<uint32_t> bell;                        // any rank: the completion doorbell (below)
+  // Read by every release (ctrl/space_bell.h): a line of its own, written
+  // only while some rank waits for a free slot.
+  alignas(64) std::atomic<uint32_t> space_waiting;   // bit r: rank r's dispatcher sleeps on space_bell (NoSpace)
+  std::atomic<uint32_t> space_bell;                  // a release while someone waits for space bumps it
 };
-static_assert(sizeof(CtrlGlobals) == 256);
+static_assert(sizeof(CtrlGlobals) == 320);
 static_assert(offsetof(CtrlGlobals, recovery_lock) == 192);
 
 enum class RankState : uint32_t { kFree = 0, kJoining = 1, kAlive = 2, kReaping = 3 };

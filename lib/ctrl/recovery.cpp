@@ -4,6 +4,7 @@
 #include "common/time.h"
 #include "ctrl/chain.h"
 #include "ctrl/pins.h"
+#include "ctrl/space_bell.h"
 #include "sync/futex.h"
 #include "sync/process_identity.h"
 
@@ -236,12 +237,14 @@ Result reap_locked(const BufferCtrl& c, uint32_t me, uint32_t* reaped, uint32_t 
   // nobody need wake their dispatchers.
   g.copiers.fetch_and(~dead_mask, std::memory_order_seq_cst);
   g.deferring.fetch_and(~dead_mask, std::memory_order_relaxed);
+  g.space_waiting.fetch_and(~dead_mask, std::memory_order_relaxed);
 
   release_dead_bucket_locks(c, holder, dead_mask);
   ReapCorruption bad;
   UCM_CHECK(release_dead_slots(c, holder, dead_mask, deadline, &bad));
   free_dead_records(c, dead_mask, inherited);
   g.reap_count.fetch_add(1, std::memory_order_relaxed);
+  note_space_freed(c);  // the dead's pins, holds and protections are gone (space_bell.h)
   if (me < c.max_ranks()) c.rank(me).counters.reaps.fetch_add(__builtin_popcount(dead_mask), std::memory_order_relaxed);
   if (bad.result != Result::kOk)
     return fail(bad.result, "reaped %d dead rank(s), but a slot claim stays: %s", __builtin_popcount(dead_mask),

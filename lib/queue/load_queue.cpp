@@ -14,6 +14,7 @@
 #include "common/trace.h"
 #include "ctrl/layout.h"
 #include "ctrl/protect.h"
+#include "ctrl/space_bell.h"
 #include "device/host_copy.h"
 #include "sync/futex.h"
 #include "queue/load_queue_impl.h"
@@ -87,6 +88,7 @@ void LoadQueue::stop() {
     bell.fetch_add(1, std::memory_order_seq_cst);
     futex_wake(&bell, kWakeAll);
   }
+  if (space_waiters_.load(std::memory_order_seq_cst) != 0) ring_space(cache_->ctrl());  // ... or on the space bell
   if (dispatcher_.joinable()) dispatcher_.join();
   if (copier_.joinable()) copier_.join();
   // The copier leaves once stopping finds no item; the dispatcher may still
@@ -275,7 +277,9 @@ GetFor LoadQueue::get_for(const Task& t) const {
 
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
   const GetFor f = get_for(t);
+  SpaceWait space(this);
   for (;;) {
+    space.before_look();
     const Result r = cache_->get(k, g, f);
     if (r != Result::kNoSpace) return r;
     // Every slot is pinned, or protected for a rank that has not taken it:
@@ -290,8 +294,45 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
     if (mine && take_served(*mine)) continue;
     // Our copier frees what it copies: it must have every entry we hold.
     if (t_dispatching == this) flush_batch();
-    sleep_for_ns(opts_.no_space_backoff_ns);
+    (void)space.sleep(t.deadline_ns());
   }
+}
+
+LoadQueue::SpaceWait::~SpaceWait() {
+  if (!announced) return;
+  if (q->space_waiters_.fetch_sub(1, std::memory_order_seq_cst) != 1) return;  // another thread of ours still waits
+  space_wait_end(q->cache_->ctrl(), q->opts_.local_rank);
+  // One that announced between our count and our clear keeps its bit.
+  if (q->space_waiters_.load(std::memory_order_seq_cst) != 0)
+    (void)space_wait_announce(q->cache_->ctrl(), q->opts_.local_rank);
+}
+
+void LoadQueue::SpaceWait::before_look() {
+  if (announced) bell = space_bell_now(q->cache_->ctrl());
+}
+
+bool LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
+  if (!announced) {
+    // From now on a release rings us; what freed before this look is seen by
+    // the look the caller makes next, at once.
+    q->space_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    bell = space_wait_announce(q->cache_->ctrl(), q->opts_.local_rank);
+    announced = true;
+    return false;
+  }
+  std::atomic<uint32_t>& b = q->cache_->ctrl().globals().space_bell;
+  const uint64_t now = now_ns();
+  const uint64_t end = std::min({until_ns, now + step_ns, now + kStopCheckNs});
+  if (end <= now || q->stopping()) return true;
+  q->space_sleeps_.fetch_add(1, std::memory_order_relaxed);
+  (void)futex_wait(&b, bell, end);
+  if (b.load(std::memory_order_relaxed) != bell) {
+    q->space_wakes_.fetch_add(1, std::memory_order_relaxed);
+    step_ns = q->opts_.no_space_backoff_ns;  // something freed: the next wait starts short again
+  } else {
+    step_ns = std::min(step_ns * 2, std::max(q->opts_.no_space_backoff_max_ns, q->opts_.no_space_backoff_ns));
+  }
+  return true;
 }
 
 bool LoadQueue::take_served(const std::shared_ptr<Task>& t) {
@@ -523,15 +564,17 @@ void LoadQueue::prealloc_next(const Task& t) {
     if (e.key.shard + 1 >= spb) continue;
     Key next = e.key;
     next.shard += 1;
+    SpaceWait space(this);
     for (;;) {
       if (stopping()) return;
       PreallocOutcome o;
       bool in_flight = false;
+      space.before_look();
       if (cache_->prealloc(next, &o, &in_flight) != Result::kOk) return;
       if (o != PreallocOutcome::kNoSpace) break;
       if (!in_flight || now_ns() >= wait_end) return;  // nothing will free on its own (in time): stop
       flush_batch();  // our copier holds whatever it must copy to free our part
-      sleep_for_ns(opts_.no_space_backoff_ns);
+      (void)space.sleep(wait_end);  // a load or copy landing releases, and rings
     }
   }
 }

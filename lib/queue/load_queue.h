@@ -97,7 +97,12 @@ struct QueueOptions {
   uint32_t io_depth = 16;
   uint32_t load_retries = 2;
   uint32_t pending_limit = 1024;
+  // A get() that found no free slot (NoSpace) sleeps on the node's space
+  // bell (ctrl/space_bell.h) until a release rings it, at most this long at
+  // first, doubling while no ring comes up to no_space_backoff_max_ns: the
+  // bound of a wait for what rings nobody (a protection's grace running out).
   uint64_t no_space_backoff_ns = 200'000;
+  uint64_t no_space_backoff_max_ns = 10'000'000;
   // How long one prealloc pass waits, at most, for loads and copies in flight
   // to free the reserved pool (design.md 9.1 step 6): a load that hangs costs
   // the next task no more than this.
@@ -147,6 +152,15 @@ class LoadQueue {
     return DeferStats{defer_sleeps_.load(std::memory_order_relaxed), defer_wakes_.load(std::memory_order_relaxed),
                       defer_cpu_ns_.load(std::memory_order_relaxed), defer_wall_ns_.load(std::memory_order_relaxed)};
   }
+  // Waits for a free slot (NoSpace, ctrl/space_bell.h): futex sleeps on the
+  // node's space bell, and how many a ring ended (not the sleep's bound).
+  struct SpaceStats {
+    uint64_t sleeps = 0;
+    uint64_t wakes = 0;
+  };
+  SpaceStats space_stats() const {
+    return SpaceStats{space_sleeps_.load(std::memory_order_relaxed), space_wakes_.load(std::memory_order_relaxed)};
+  }
 
  private:
   struct Item {
@@ -195,6 +209,25 @@ class LoadQueue {
   uint32_t defer_announce(DeferSpan* span);
   void defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end);
   void defer_end(const DeferSpan& span);
+  // One wait for a free slot (get_with_backpressure, prealloc_next; the
+  // dispatcher's, or the copier's in regain): announced
+  // on the node's space_waiting mask at its first NoSpace; its sleep's
+  // bound doubles while no ring comes (space_bell.h).
+  struct SpaceWait {
+    LoadQueue* q;
+    bool announced = false;
+    uint32_t bell = 0;   // read before the look that found no space
+    uint64_t step_ns = 0;
+    explicit SpaceWait(LoadQueue* queue) : q(queue), step_ns(queue->opts_.no_space_backoff_ns) {}
+    ~SpaceWait();
+    SpaceWait(const SpaceWait&) = delete;
+    SpaceWait& operator=(const SpaceWait&) = delete;
+    // Before a look: the bell's value then (announced only).
+    void before_look();
+    // After a look found no space: false the first time (announced now: look
+    // again at once); then sleeps until a ring or min(step, until) and true.
+    bool sleep(uint64_t until_ns);
+  };
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);
   // dispatch_entry after its get() answered r: hands the entry on, or fails it.
@@ -321,6 +354,9 @@ class LoadQueue {
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
+  // Threads of this rank waiting for space (the dispatcher, the copier's
+  // regain): the rank's bit in space_waiting stays while any does; stop() rings.
+  std::atomic<uint32_t> space_waiters_{0};
   std::atomic<uint64_t> handoffs_{0};
   std::atomic<uint64_t> queued_tasks_{0};
   // Load task ordinals and tasks_passed (ctrl/protect.h): the next ordinal;
@@ -330,6 +366,7 @@ class LoadQueue {
   std::atomic<uint32_t> inline_through_{0};
   bool inline_ = false;  // const after construction
   std::atomic<uint64_t> defer_sleeps_{0}, defer_wakes_{0}, defer_cpu_ns_{0}, defer_wall_ns_{0};
+  std::atomic<uint64_t> space_sleeps_{0}, space_wakes_{0};
   // The store's words for each slot whose load this rank found corrupt.
   struct CorruptNote {
     Key key;

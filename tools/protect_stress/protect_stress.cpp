@@ -31,6 +31,7 @@
 //   solo=1         run solo reference
 //   dup=0          each task lists its first key twice (different dst)
 #include <mpi.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,6 +58,7 @@ static uint64_t sim_word(uint64_t lo, uint64_t hi, uint32_t shard, uint64_t w) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+static double cpu_s() { rusage u{}; getrusage(RUSAGE_SELF, &u); return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6; }
 static int64_t mono_ns() { timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec; }
 static void sleep_until(int64_t at) { timespec t{time_t(at / 1000000000), long(at % 1000000000)}; while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, nullptr)) {} }
 
@@ -181,6 +183,7 @@ static void run(const char* mode) {
   }
   int64_t t0 = mono_ns() + 20000000; MPI_Bcast(&t0, 1, MPI_INT64_T, 0, MPI_COMM_WORLD); sleep_until(t0);
   const int64_t start = mono_ns();
+  const double cpu0 = cpu_s();
   if (active) {
     for (uint32_t t = 0; t < T; ++t) {
       double at = (t + lag) * period + (jitter ? double(rng() % jitter) : 0);
@@ -194,13 +197,16 @@ static void run(const char* mode) {
     while (!fl.empty()) { finish(fl.front()); fl.erase(fl.begin()); }
   }
   const double secs = (mono_ns() - start) / 1e9;
+  const double cpu = cpu_s() - cpu0;  // this rank's process, every thread, before the barrier's spin
   MPI_Barrier(MPI_COMM_WORLD);
   ucm_stats_t rs{}, ns{}; rs.struct_bytes = ns.struct_bytes = sizeof rs;
   ucm_cache_stats(c, &rs, &ns);
   double wsec = secs, wl = worst_lat / 1e6; double mx[2], in[2] = {wsec, wl};
   MPI_Reduce(in, mx, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  if (g_rank == 0) printf("%-10s loads %6" PRIu64 " no_space %7" PRIu64 " evictions %6" PRIu64 " wall %.3f s  worst task latency %.1f ms\n",
-                          mode, ns.owner_loads, ns.no_space, ns.evictions, mx[0], mx[1]);
+  double cpu_all = 0;
+  MPI_Reduce(&cpu, &cpu_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (g_rank == 0) printf("%-10s loads %6" PRIu64 " no_space %7" PRIu64 " evictions %6" PRIu64 " wall %.3f s  worst task latency %.1f ms  cpu %.3f s (all ranks)\n",
+                          mode, ns.owner_loads, ns.no_space, ns.evictions, mx[0], mx[1], cpu_all);
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD);
   if (ucm_cache_finalize(&c) != UCM_OK) { fprintf(stderr, "rank %d finalize: %s\n", g_rank, ucm_last_error(nullptr)); ++g_fail; }
