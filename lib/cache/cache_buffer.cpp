@@ -284,12 +284,14 @@ Result CacheBuffer::check_joined() const {
 // The clock of a locked get(), read only when something makes it wait: an
 // uncontended miss never pays for it.
 struct CacheBuffer::WaitClock {
+  uint64_t cap = 0;  // the caller's task deadline (GetFor::deadline_ns), 0: none
   uint64_t deadline = 0;
   uint64_t next_liveness_check = 0;
   void start(uint64_t timeout_ms, uint64_t slice_ns) {
     if (deadline != 0) return;
     const uint64_t now = now_ns();
     deadline = now + timeout_ms * 1000000ull;
+    if (cap != 0 && cap < deadline) deadline = std::max(cap, uint64_t{1});
     next_liveness_check = now + slice_ns;
   }
 };
@@ -298,6 +300,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor 
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
   WaitClock clk;
+  clk.cap = f.deadline_ns;
   bool reaped_for_space = false;
   SweepState sweep;  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
   sweep.have_task = true;  // whom it serves (protect.h): this get's load task
@@ -380,7 +383,7 @@ Result CacheBuffer::wait_out_claim(uint32_t i, uint32_t b, WaitClock* clk) {
     return fail(Result::kCorrupt, "slot %u (bucket %u) is claimed by holder id %u > %u ranks", i, b, claimer,
                 c.max_ranks());
   if (now >= clk->deadline)
-    return fail(Result::kTimeout, "slot %u stayed claimed by holder %u for %" PRIu64 " ms", i, claimer,
+    return fail(Result::kTimeout, "slot %u stayed claimed by holder %u past the deadline (the task's, or %" PRIu64 " ms)", i, claimer,
                 opts_.lock_timeout_ms);
   if (now >= clk->next_liveness_check) {
     clk->next_liveness_check = now + slice_ns_;

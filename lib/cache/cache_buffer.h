@@ -94,6 +94,11 @@ struct GetFor {
   // (take_served) was tried: slots it was still to take went, and a task of
   // more keys than the cache loaded shards twice.
   bool wait_self = true;
+  // When the caller's task ends (steady ns; 0: none): a wait inside get() for
+  // a live bucket-lock holder or claimer ends then, or at lock_timeout_ms,
+  // whichever comes first, so that a task with many keys behind a stopped
+  // holder fails at its deadline, not after a lock timeout per key.
+  uint64_t deadline_ns = 0;
 };
 
 enum class WriteClaim : uint8_t { kStored, kWriter, kBeingWritten };

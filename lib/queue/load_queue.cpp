@@ -271,8 +271,9 @@ void LoadQueue::dispatcher_main() {
 // ordinal, also from the copier's retries (the dispatcher may be tasks ahead
 // by then); a dump's get takes nothing (it copies nothing to this rank).
 GetFor LoadQueue::get_for(const Task& t) const {
-  if (t.kind() != TaskKind::kLoad) return GetFor{cache_->task_ordinal(), false};
-  return GetFor{t.ordinal(), true};
+  GetFor f = t.kind() != TaskKind::kLoad ? GetFor{cache_->task_ordinal(), false} : GetFor{t.ordinal(), true};
+  f.deadline_ns = t.deadline_ns();  // a lock wait inside get() ends with the task (cache_buffer.h)
+  return f;
 }
 
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
