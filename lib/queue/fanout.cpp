@@ -217,6 +217,13 @@ void Fanout::run_turn(Turn& turn) {
   run_task(turn.task);
 }
 
+// A chunk's loads (and a fallback's copies) end with the caller's task: a
+// deadline of their own per chunk let a task of many chunks, each with a
+// load that hangs, take a task timeout per chunk (bounded by the task's).
+uint64_t Fanout::sub_deadline(const Task& t) const {
+  return t.deadline_ns() != 0 ? t.deadline_ns() : now_ns() + opts_.task_timeout_ns;
+}
+
 void Fanout::start_chunk(const std::shared_ptr<Task>& t, Chunk* c) {
   for (uint32_t i = c->begin; i < c->end; ++i)
     if (root_of(i) == rank_) c->mine.push_back(i);
@@ -226,7 +233,7 @@ void Fanout::start_chunk(const std::shared_ptr<Task>& t, Chunk* c) {
   std::vector<TaskEntry> es;
   es.reserve(c->mine.size());
   for (uint32_t i : c->mine) es.push_back(t->entries()[i]);
-  c->sub = std::make_shared<Task>(next_internal_id_++, TaskKind::kLoad, std::move(es), now_ns() + opts_.task_timeout_ns);
+  c->sub = std::make_shared<Task>(next_internal_id_++, TaskKind::kLoad, std::move(es), sub_deadline(*t));
   std::shared_ptr<Chunk::Outcome> out = c->out;
   c->sub->set_on_failed([out](uint32_t p, Result r, const std::string& why) {
     std::lock_guard<std::mutex> g(out->mu);
@@ -259,7 +266,7 @@ void Fanout::fallback(const std::shared_ptr<Task>& t, const std::vector<uint32_t
   c.out->why.assign(idx.size(), std::string());
   std::vector<TaskEntry> es;
   for (uint32_t i : idx) es.push_back(t->entries()[i]);
-  c.sub = std::make_shared<Task>(next_internal_id_++, TaskKind::kLoad, std::move(es), now_ns() + opts_.task_timeout_ns);
+  c.sub = std::make_shared<Task>(next_internal_id_++, TaskKind::kLoad, std::move(es), sub_deadline(*t));
   std::shared_ptr<Chunk::Outcome> out = c.out;
   c.sub->set_on_failed([out](uint32_t p, Result r, const std::string& w) {
     std::lock_guard<std::mutex> g(out->mu);

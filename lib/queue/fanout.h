@@ -49,7 +49,7 @@ struct FanoutOptions {
   uint64_t shard_bytes = 0;
   uint32_t chunk_entries = 64;
   uint64_t step_timeout_ns = 30'000'000'000;  // bound on each collective step
-  uint64_t task_timeout_ns = 30'000'000'000;  // deadline of each internal load task
+  uint64_t task_timeout_ns = 30'000'000'000;  // deadline of an internal load task whose caller's task has none
   // Test hook (UCM_FANOUT_TEST_STALL=<local rank>:<turn>): that rank does not
   // post its first broadcast of that turn and falls back, as if it had timed
   // out; its peers then meet a rank that stopped calling.
@@ -122,6 +122,7 @@ class Fanout {
   // finishes them on `t` with their outcomes.
   void fallback(const std::shared_ptr<Task>& t, const std::vector<uint32_t>& idx, const char* why);
   void start_chunk(const std::shared_ptr<Task>& t, Chunk* c);
+  uint64_t sub_deadline(const Task& t) const;
   bool wait_chunk(Chunk* c);
   void give_up(const std::string& why);
   uint32_t root_of(uint32_t i) const { return i % size_; }

@@ -327,6 +327,54 @@ TEST_F(Fanout, StalledRankFallsBackToPerRankCopies) {
   ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
 }
 
+// A load that hangs in every chunk: the task fails at its own deadline. Each
+// chunk's loads ran as an internal task with a deadline of its own (a task
+// timeout from when the chunk started), so a task of C chunks, each with a
+// hung key, took about C / 2 timeouts (a session-20 audit: 1024 keys, 1 s
+// timeout, 8-9 s; 2048 keys, 16 s); now every chunk ends with the task. The
+// guard's bound is 10 timeouts (36 chunks took 18 or more). Every other entry
+// is its key's bytes or untouched, and the cache stays usable.
+TEST_F(Fanout, AHungLoadInEveryChunkFailsTheTaskAtItsDeadline) {
+  constexpr uint64_t kChunks = 36;
+  constexpr uint64_t kKeys = 64 * kChunks;
+  constexpr uint64_t kTimeoutMs = 1500;
+  // Entries 64 c and 64 c + 1 of each chunk c, rooted on local ranks 0 and 1
+  // (so that at 2 ranks each waits for its own and neither gives up on a
+  // collective first): block 1 + 8 c, shards 0 and 1 (keys_batch: 8 shards a
+  // block; short numbers: the spec holds 511 characters).
+  std::string hang;
+  for (uint64_t c = 0; c < kChunks; ++c)
+    for (uint32_t r = 0; r < 2; ++r) hang += (hang.empty() ? "" : "+") + std::to_string(1 + 8 * c) + "." + std::to_string(r);
+  const std::string backend = "sim:latency_us=50,hang_keys=" + hang;
+  ASSERT_LT(backend.size(), sizeof(ucm_config_t{}.backend));
+  ucm_config_t cfg = fanout_config(kKeys + 256, backend.c_str());
+  cfg.max_task_entries = kKeys;
+  cfg.load_retries = 0;
+  cfg.timeout_ms = kTimeoutMs;
+  ucm_cache_t cache = nullptr;
+  ASSERT_EQ(ucm_cache_init(MPI_COMM_WORLD, &cfg, &cache), UCM_OK) << ucm_last_error(nullptr);
+  if (local_size_of(cache) < 2) {
+    ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK);
+    GTEST_SKIP() << "needs 2 local ranks";
+  }
+  LoadBatch b = keys_batch(1, kKeys);
+  {
+    ucm_task_t t = 0;
+    ASSERT_EQ(ucm_load_task(cache, b.entries.data(), b.entries.size(), &t), UCM_OK) << ucm_last_error(cache);
+    HangGuard g("ucm_task_wait(-1) on a fan-out task with a hung load in each of its 36 chunks", 10 * kTimeoutMs / 1000.0);
+    EXPECT_EQ(ucm_task_wait(cache, t, -1), UCM_ERR_TIMEOUT) << ucm_last_error(cache);
+  }
+  for (size_t i = 0; i < b.entries.size(); ++i)
+    EXPECT_TRUE(b.verify(i) == kTaskShard || b.untouched(i)) << "entry " << i << ": wrong byte at " << b.verify(i);
+  for (uint64_t c = 0; c < kChunks; ++c)
+    for (uint32_t r = 0; r < 2; ++r) EXPECT_TRUE(b.untouched(64 * c + r)) << "hung entry " << r << " of chunk " << c;
+  LoadBatch next = keys_batch(76000, 64);
+  ASSERT_EQ(load_guarded(cache, next, "the next task"), UCM_OK) << ucm_last_error(cache);
+  expect_exact(next);
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(ucm_cache_finalize(&cache), UCM_OK) << ucm_last_error(nullptr);
+}
+
 // Pretend nodes of 2 ranks (of 1 at -np 2... of 2 at -np 4): each node's
 // ranks fan out among themselves only, one host read per shard per node.
 TEST_F(Fanout, PretendNodesFanOutWithinEachNode) {
