@@ -299,8 +299,7 @@ struct CacheBuffer::WaitClock {
 Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
-  WaitClock clk;
-  clk.cap = f.deadline_ns;
+  WaitClock clk{f.deadline_ns};
   bool reaped_for_space = false;
   SweepState sweep;  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
   sweep.have_task = true;  // whom it serves (protect.h): this get's load task

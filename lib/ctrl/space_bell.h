@@ -25,7 +25,10 @@
 // rank's lapse, an evictor's claim dropped), is the sleep's bound: it
 // starts at QueueOptions::no_space_backoff_ns and doubles, while no ring
 // comes, up to no_space_backoff_max_ns (which the cache keeps well under the
-// protection grace). Every wait is still bounded by the task's deadline.
+// protection grace). And a look that found no space swept the whole pool
+// (milliseconds on a large cache): the next one waits at least 9 times as
+// long (kLookShare), rung or not, so that looking takes at most a tenth of a
+// waiting rank's time. Every wait is still bounded by the task's deadline.
 #pragma once
 
 #include <atomic>

@@ -22,6 +22,7 @@
 
 namespace ucm {
 using load_queue_impl::add;
+using load_queue_impl::kLookShare;
 using load_queue_impl::kStopCheckNs;
 
 namespace {
@@ -309,7 +310,9 @@ LoadQueue::SpaceWait::~SpaceWait() {
 }
 
 void LoadQueue::SpaceWait::before_look() {
-  if (announced) bell = space_bell_now(q->cache_->ctrl());
+  if (!announced) return;
+  bell = space_bell_now(q->cache_->ctrl());
+  look_start_ns = now_ns();
 }
 
 bool LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
@@ -323,11 +326,25 @@ bool LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
   }
   std::atomic<uint32_t>& b = q->cache_->ctrl().globals().space_bell;
   const uint64_t now = now_ns();
-  const uint64_t end = std::min({until_ns, now + step_ns, now + kStopCheckNs});
-  if (end <= now || q->stopping()) return true;
+  // A look that found no space swept the whole pool: on a large cache that is
+  // milliseconds. The next look waits kLookShare times as long, rung or not,
+  // so that looking takes at most a tenth of the wait (space_bell.h).
+  const uint64_t look_ns = look_start_ns != 0 && now > look_start_ns ? now - look_start_ns : 0;
+  const uint64_t gap_end = now + kLookShare * look_ns;
+  const uint64_t end = std::min(until_ns, std::max(now + step_ns, gap_end));
   q->space_sleeps_.fetch_add(1, std::memory_order_relaxed);
-  (void)futex_wait(&b, bell, end);
-  if (b.load(std::memory_order_relaxed) != bell) {
+  bool rang = false;
+  for (;;) {
+    if (q->stopping()) break;
+    const uint64_t t = now_ns();
+    const uint32_t cur = b.load(std::memory_order_seq_cst);
+    rang = rang || cur != bell;
+    if (t >= end || (rang && t >= gap_end)) break;
+    // Not rung: sleep on the value read before the look (a release since
+    // then returns at once). Rung within the gap: on the bell as it is now.
+    (void)futex_wait(&b, rang ? cur : bell, std::min(rang ? gap_end : end, t + kStopCheckNs));
+  }
+  if (rang) {
     q->space_wakes_.fetch_add(1, std::memory_order_relaxed);
     step_ns = q->opts_.no_space_backoff_ns;  // something freed: the next wait starts short again
   } else {

@@ -217,6 +217,7 @@ class LoadQueue {
     LoadQueue* q;
     bool announced = false;
     uint32_t bell = 0;   // read before the look that found no space
+    uint64_t look_start_ns = 0;
     uint64_t step_ns = 0;
     explicit SpaceWait(LoadQueue* queue) : q(queue), step_ns(queue->opts_.no_space_backoff_ns) {}
     ~SpaceWait();
@@ -225,7 +226,8 @@ class LoadQueue {
     // Before a look: the bell's value then (announced only).
     void before_look();
     // After a look found no space: false the first time (announced now: look
-    // again at once); then sleeps until a ring or min(step, until) and true.
+    // again at once); then sleeps until a ring or min(step, until), and at
+    // least kLookShare times as long as that look took, and returns true.
     bool sleep(uint64_t until_ns);
   };
   // false when the queue is stopping (the entry is failed).

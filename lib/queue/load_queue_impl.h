@@ -13,6 +13,7 @@ namespace ucm {
 namespace load_queue_impl {
 
 constexpr uint64_t kStopCheckNs = 20'000'000;  // how often blocked threads look at stopping_
+constexpr uint64_t kLookShare = 9;  // a wait for space sleeps 9x as long as its last look took (space_bell.h)
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
