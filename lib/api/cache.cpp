@@ -717,6 +717,7 @@ void add_counters(const RankRecord& rec, ucm_stats_t* s, uint64_t* hist) {
   s->bytes_dumped += v(q.bytes_dumped);
   s->direct_fallbacks += v(q.direct_fallbacks);
   s->inline_tasks += v(q.inline_tasks);
+  s->protect_overrides += v(q.protect_overrides);
   s->hits += v(q.inline_hits);  // the inline path's hits (queue/counters.h)
   for (uint32_t i = 0; i < kLatencyBuckets; ++i) hist[i] += v(q.latency_us[i]);
   s->latency_max_us = std::max(s->latency_max_us, v(q.latency_max_us));

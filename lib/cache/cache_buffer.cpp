@@ -296,15 +296,26 @@ struct CacheBuffer::WaitClock {
   }
 };
 
+namespace {
+// A miss's sweep, for whom its get serves (protect.h): its load task, its own
+// takes there (a dump copies nothing to this rank: it owes itself nothing),
+// and how far the protection holds for it.
+SweepState sweep_for(const GetFor& f) {
+  SweepState s;
+  s.have_task = true;
+  s.task = f.ordinal;
+  s.wait_self = f.wait_self && f.take;
+  s.relax = f.relax;
+  return s;
+}
+}  // namespace
+
 Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor f) {
   const BufferCtrl& c = *ctrl_;
   UCM_CHECK(check_joined());
   WaitClock clk{f.deadline_ns};
   bool reaped_for_space = false;
-  SweepState sweep;  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
-  sweep.have_task = true;  // whom it serves (protect.h): this get's load task
-  sweep.task = f.ordinal;
-  sweep.wait_self = f.wait_self && f.take;  // a dump copies nothing to this rank: it owes itself nothing
+  SweepState sweep = sweep_for(f);  // the eviction's progress across lock holds (clock.h: kSweepPerCall positions each)
   std::atomic<uint32_t>* lock = &c.bucket(b).lock;
   for (;;) {
     if (!shared_try_lock(lock, holder_)) {
@@ -340,11 +351,7 @@ Result CacheBuffer::get_locked(const Key& k, uint32_t b, GetResult* out, GetFor 
       // Pins of a dead rank may be what fills the cache: recover, then retry once.
       if (!reaped_for_space && any_rank_dead(c)) {
         reaped_for_space = true;
-        SweepState again;  // from the start, for the same task
-        again.have_task = sweep.have_task;
-        again.task = sweep.task;
-        again.wait_self = sweep.wait_self;
-        sweep = again;
+        sweep = sweep_for(f);  // from the start, for the same task
         clk.start(opts_.lock_timeout_ms, slice_ns_);
         UCM_CHECK(reap_dead_ranks(c, opts_.rank, nullptr, clk.deadline));
         continue;

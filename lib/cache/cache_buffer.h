@@ -59,6 +59,7 @@
 #include "common/result.h"
 #include "common/small_buffer.h"
 #include "ctrl/buffer_ctrl.h"
+#include "ctrl/protect_relax.h"
 #include "data/buffer_data.h"
 
 namespace ucm {
@@ -99,6 +100,9 @@ struct GetFor {
   // whichever comes first, so that a task with many keys behind a stopped
   // holder fails at its deadline, not after a lock timeout per key.
   uint64_t deadline_ns = 0;
+  // How far the protection holds for this get (protect.h, ProtectRelax): the
+  // load queue relaxes it for a get that has waited for space a while.
+  ProtectRelax relax = ProtectRelax::kStrict;
 };
 
 enum class WriteClaim : uint8_t { kStored, kWriter, kBeingWritten };

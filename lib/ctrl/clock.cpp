@@ -174,7 +174,7 @@ Result clock_sweep(const BufferCtrl& c, std::atomic<uint64_t>& hand, HandRun& ru
   uint32_t examined = 0;
   Result res = Result::kOk;
   bool stop = false;
-  ProtectView protect = protect_view(c, holder, st->have_task, st->task, st->wait_self);
+  ProtectView protect = protect_view(c, holder, st->have_task, st->task, st->wait_self, st->relax);
   // Phases (clock.h): second chance; any stored slot; anything. The last is
   // reached only when every slot is pinned or holds bytes the store lacks.
   // Each pass of the outer loop runs one phase for as many positions as it

@@ -43,6 +43,7 @@
 
 #include "ctrl/buffer_ctrl.h"
 #include "ctrl/chain.h"  // the caller installs the victim on its chain
+#include "ctrl/protect_relax.h"
 
 namespace ucm {
 
@@ -79,6 +80,7 @@ struct SweepState {
   bool have_task = false;
   uint32_t task = 0;
   bool wait_self = true;
+  ProtectRelax relax = ProtectRelax::kStrict;  // how far the protection holds (protect.h)
   // Every phase ran to its end: a kNoSlot answer is final.
   bool done() const { return started && chance_left == 0 && stored_left == 0 && any_left == 0; }
 };

@@ -46,7 +46,7 @@
 namespace ucm {
 
 constexpr uint64_t kCtrlMagic = 0x314c525443434d55ull;  // "UCMCCTRL1" little-endian-ish tag
-constexpr uint32_t kCtrlAbi = 15;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms and lapsed_ms (protect.h); 15: CtrlGlobals.space_waiting and space_bell (space_bell.h)
+constexpr uint32_t kCtrlAbi = 15;  // 9: CtrlParams whole in the header, with tunables_hash; 10: log-linear latency buckets; 11: per-slot guard words, copiers and deferral bell; 12: the queue counters gain inline_tasks (queue/counters.h); 13: RankRecord.tasks_passed and the guard's task stamp (protect.h); 14: RankRecord.idle_since_ms and lapsed_ms (protect.h); 15: CtrlGlobals.space_waiting and space_bell (space_bell.h), QueueCounters.protect_overrides
 constexpr uint32_t kMaxRanks = 16;      // local ranks per node sharing one cache
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kEmptyShard = 0xffffffffu;  // SlotMeta.shard of a slot that holds no key

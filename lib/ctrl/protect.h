@@ -128,6 +128,7 @@
 
 #include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
+#include "ctrl/protect_relax.h"
 #include "ctrl/slot_word.h"
 #include "sync/futex.h"
 
@@ -253,6 +254,7 @@ struct ProtectView {
   bool have_task = false;              // my_task is the load task the evictor's get serves
   uint32_t my_task = 0;                // (else its tasks_passed stands in)
   bool wait_self = true;               // false: it waits for none of its own takes
+  ProtectRelax relax = ProtectRelax::kStrict;  // protect_relax.h
   uint32_t have_passed = 0;            // bit r: passed[r] and idle[r] were read
   uint32_t passed[kMaxRanks];          // RankRecord.tasks_passed, read once per sweep (valid where have_passed says)
   uint32_t idle[kMaxRanks];            // RankRecord.idle_since_ms, read with passed[r]
@@ -263,14 +265,15 @@ struct ProtectView {
 // serving load task `task` when `have_task`, waiting for its own takes there
 // unless !wait_self.
 inline ProtectView protect_view(const BufferCtrl& c, uint32_t holder, bool have_task = false, uint32_t task = 0,
-                                bool wait_self = true) {
+                                bool wait_self = true, ProtectRelax relax = ProtectRelax::kStrict) {
   ProtectView v;
-  v.grace_ms = c.protect_grace_ms();
+  v.grace_ms = relax == ProtectRelax::kNone ? 0 : c.protect_grace_ms();  // kNone: nothing is protected
   if (v.grace_ms != 0) v.copiers = c.globals().copiers.load(std::memory_order_seq_cst);
   if (holder >= 1 && holder <= kMaxRanks) v.me = holder - 1;
   v.have_task = have_task;
   v.my_task = task;
   v.wait_self = wait_self;
+  v.relax = relax;
   return v;
 }
 
@@ -324,10 +327,14 @@ inline uint32_t copiers_owed(const BufferCtrl& c, uint64_t g, ProtectView* v) {
   const uint32_t current = v->have_task ? v->my_task : mine;
   if ((owed & (1u << v->me)) && (!v->wait_self || ((current ^ task) & (kGuardTaskModulo - 1)) != 0))
     owed &= ~(1u << v->me);
+  // kLevelLater (protect_relax.h): nor a copier level with the evictor on a
+  // slot stamped for a task after the one the evictor serves.
+  const bool later = v->relax == ProtectRelax::kLevelLater && task_passed(task, current);
   for (uint32_t m = owed & ~(1u << v->me); m != 0; m &= m - 1) {
     const uint32_t r = static_cast<uint32_t>(__builtin_ctz(m));
     if (r >= kMaxRanks) break;
-    if (static_cast<int32_t>(v->passed[r] - mine) > 0) owed &= ~(1u << r);  // ahead of the evictor
+    const int32_t lead = static_cast<int32_t>(v->passed[r] - mine);
+    if (lead > 0 || (later && lead == 0)) owed &= ~(1u << r);  // ahead of the evictor, or level for a later task
   }
   return owed;
 }

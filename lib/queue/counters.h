@@ -40,8 +40,11 @@ struct QueueCounters {
   // with a plain store on the dispatcher's get() (one writer); several
   // submitting threads add here. ucm_cache_stats reports the sum as hits.
   std::atomic<uint64_t> inline_hits;
+  // Gets that waited for a free slot until half of their task's time was gone
+  // and then looked with no eviction protection (ctrl/protect_relax.h).
+  std::atomic<uint64_t> protect_overrides;
 };
-static_assert(sizeof(QueueCounters) == 8 * (14 + kLatencyBuckets));
+static_assert(sizeof(QueueCounters) == 8 * (15 + kLatencyBuckets));
 static_assert(sizeof(QueueCounters) <= sizeof(RankRecord::queue_area), "the queue's counters outgrew their part of the rank record");
 static_assert(alignof(QueueCounters) <= 8);
 

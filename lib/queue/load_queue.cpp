@@ -23,6 +23,7 @@
 namespace ucm {
 using load_queue_impl::add;
 using load_queue_impl::kLookShare;
+using load_queue_impl::kRelaxLevelNs;
 using load_queue_impl::kStopCheckNs;
 
 namespace {
@@ -277,19 +278,41 @@ GetFor LoadQueue::get_for(const Task& t) const {
   return f;
 }
 
+// How far the protection holds for a get of task t that has waited for space
+// since `since` (ctrl/protect_relax.h): strict at first; no wait for level
+// ranks on later tasks (a cycle) once a progressing rank would have taken
+// what it was owed; none once half of the task's time is gone (from its
+// submission: a bound per wait restarted with every entry and added up to
+// the whole timeout), so that protection never fails a task.
+namespace {
+ProtectRelax relax_after(const Task& t, uint64_t now, uint64_t since) {
+  if (now - t.submit_ns() >= (t.deadline_ns() - t.submit_ns()) / 2) return ProtectRelax::kNone;
+  return now - since >= kRelaxLevelNs ? ProtectRelax::kLevelLater : ProtectRelax::kStrict;
+}
+}  // namespace
+
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
-  const GetFor f = get_for(t);
+  GetFor f = get_for(t);
   SpaceWait space(this);
+  uint64_t since = 0;  // the first NoSpace
   for (;;) {
     space.before_look();
     const Result r = cache_->get(k, g, f);
     if (r != Result::kNoSpace) return r;
     // Every slot is pinned, or protected for a rank that has not taken it:
     // our copier (and the peers') drain and release, protection ends.
-    if (now_ns() >= t.deadline_ns())
-      return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned, "
-                  "or protected for a local rank that had not taken it)", key_text(k).c_str());
+    const uint64_t now = now_ns();
+    if (now >= t.deadline_ns())
+      return fail(Result::kNoSpace, "%s: no free cache slot before the task's deadline (every slot stayed pinned%s)",
+                  key_text(k).c_str(), f.relax == ProtectRelax::kNone ? "" : ", or protected for a local rank that had not taken it");
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
+    if (since == 0) since = now;
+    const ProtectRelax relax = relax_after(t, now, since);
+    if (relax != f.relax) {  // look again at once, under the relaxed rule
+      if (relax == ProtectRelax::kNone) add(ctr_->protect_overrides, 1);
+      f.relax = relax;
+      continue;
+    }
     // Slots this rank has not taken may be protected until it does, and the
     // ranks that loaded them wait for slots this rank's loads hold: take
     // what of the task they serve now, not after our stride, then look again.

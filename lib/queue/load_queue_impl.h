@@ -13,6 +13,10 @@ namespace ucm {
 namespace load_queue_impl {
 
 constexpr uint64_t kStopCheckNs = 20'000'000;  // how often blocked threads look at stopping_
+// A get that has waited this long for space no longer waits for level ranks
+// on slots of later tasks (ctrl/protect_relax.h): a rank that progresses takes
+// what it is owed well within it.
+constexpr uint64_t kRelaxLevelNs = 5'000'000;
 constexpr uint64_t kLookShare = 9;  // a wait for space sleeps 9x as long as its last look took (space_bell.h)
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }

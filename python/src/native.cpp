@@ -550,7 +550,7 @@ struct PyCache {
     F(ranks); F(tasks); F(shards); F(hits); F(owner_loads); F(load_failures); F(waits); F(wait_ns);
     F(takeovers); F(evictions); F(no_space); F(prealloc_made); F(prealloc_used); F(failed_shards);
     F(bytes_from_backend); F(bytes_to_device); F(dumps); F(bytes_dumped); F(latency_p50_us);
-    F(latency_p90_us); F(latency_p99_us); F(latency_max_us); F(direct_fallbacks); F(inline_tasks);
+    F(latency_p90_us); F(latency_p99_us); F(latency_max_us); F(direct_fallbacks); F(inline_tasks); F(protect_overrides);
 #undef F
     return d;
   }

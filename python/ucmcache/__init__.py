@@ -106,6 +106,7 @@ class Stats:
     latency_max_us: int
     direct_fallbacks: int
     inline_tasks: int
+    protect_overrides: int
 
 
 @dataclasses.dataclass(frozen=True)

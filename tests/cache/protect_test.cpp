@@ -67,6 +67,20 @@ class Protect : public ::testing::Test {
     }
     return r;
   }
+  // The same, for a get that relaxes the protection (protect_relax.h).
+  Result miss(CacheBuffer* cb, uint64_t b, ProtectRelax relax) {
+    GetFor f{cb->task_ordinal(), true};
+    f.relax = relax;
+    GetResult o;
+    const Result r = cb->get(key(b, 0), &o, f);
+    if (r == Result::kOk) {
+      EXPECT_EQ(o.kind, GetKind::kOwner);
+      EXPECT_TRUE(o.evicted);
+      EXPECT_EQ(cb->mark_ready(o.slot), Result::kOk);
+      cb->release(o.slot);
+    }
+    return r;
+  }
   // Rank 0 loads keys base..base+n-1 (owner, Ready, released).
   std::vector<uint32_t> load(CacheBuffer* cb, uint64_t base, uint32_t n) {
     std::vector<uint32_t> slots;
@@ -543,6 +557,39 @@ TEST_F(Protect, AnEvictorWaitsForTheRanksBehindItNotForThoseAhead) {
   at_task(r0_.get(), 0, 1);
   EXPECT_EQ(miss(r1_.get(), 98), Result::kNoSpace) << "rank 0, behind rank 1, has yet to take them";
   EXPECT_EQ(miss(r0_.get(), 99), Result::kOk) << last_error();
+}
+
+// Two level ranks behind a third that loaded slots for a later task used to
+// wait for each other on those slots (neither takes them before it finishes
+// the task they share, which needs one): a grace at a time, and tasks failing
+// with UCM_ERR_NO_SPACE (an adversarial run, session 20). Relaxed
+// (kLevelLater, protect_relax.h), an evictor no longer waits for a level rank
+// on a slot stamped for a task after its own; it still waits for a level rank
+// at its own task and for a rank behind it. kNone waits for nobody.
+TEST_F(Protect, ARelaxedEvictorDoesNotWaitForALevelRankOnALaterTask) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever, 3));
+  at_task(r2_.get(), 2, 5);
+  load(r2_.get(), 10, kSlots);  // stamped for task 5, taken by rank 2 only
+  at_task(r1_.get(), 1, 3);
+  at_task(r0_.get(), 0, 3);
+  EXPECT_EQ(miss(r0_.get(), 97, ProtectRelax::kStrict), Result::kNoSpace) << "strict: rank 1 is level";
+  at_task(r1_.get(), 1, 2);
+  EXPECT_EQ(miss(r0_.get(), 97, ProtectRelax::kLevelLater), Result::kNoSpace) << "rank 1, behind rank 0, is waited for";
+  EXPECT_EQ(miss(r0_.get(), 97, ProtectRelax::kNone), Result::kOk) << last_error();
+  at_task(r1_.get(), 1, 3);
+  EXPECT_EQ(miss(r0_.get(), 98, ProtectRelax::kLevelLater), Result::kOk) << "level, for task 5: " << last_error();
+}
+
+// ... but at the evictor's own task a level rank is waited for, relaxed or not.
+TEST_F(Protect, ARelaxedEvictorWaitsForALevelRankAtItsOwnTask) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever, 3));
+  at_task(r2_.get(), 2, 3);
+  load(r2_.get(), 10, kSlots);  // stamped for task 3
+  at_task(r2_.get(), 2, 4);     // rank 2 is past it
+  at_task(r1_.get(), 1, 3);
+  at_task(r0_.get(), 0, 3);
+  EXPECT_EQ(miss(r0_.get(), 99, ProtectRelax::kLevelLater), Result::kNoSpace) << "rank 1 is level at task 3";
+  EXPECT_EQ(miss(r0_.get(), 99, ProtectRelax::kNone), Result::kOk) << last_error();
 }
 
 // An idle rank that let a protection lapse holds nothing (protect.h): rank 1

@@ -345,7 +345,10 @@ TEST_F(Fanout, AHungLoadInEveryChunkFailsTheTaskAtItsDeadline) {
   std::string hang;
   for (uint64_t c = 0; c < kChunks; ++c)
     for (uint32_t r = 0; r < 2; ++r) hang += (hang.empty() ? "" : "+") + std::to_string(1 + 8 * c) + "." + std::to_string(r);
-  const std::string backend = "sim:latency_us=50,hang_keys=" + hang;
+  // Hung loads keep their place in the sim store until it is destroyed (and a
+  // peer that takes over an abandoned one hangs another): room for all of
+  // them, so that the next task's loads are admitted.
+  const std::string backend = "sim:latency_us=50,max_inflight=4096,hang_keys=" + hang;
   ASSERT_LT(backend.size(), sizeof(ucm_config_t{}.backend));
   ucm_config_t cfg = fanout_config(kKeys + 256, backend.c_str());
   cfg.max_task_entries = kKeys;
