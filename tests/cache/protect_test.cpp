@@ -55,20 +55,9 @@ class Protect : public ::testing::Test {
     tc_.ctrl.rank(r).tasks_passed.store(passed);
     cb->set_task_ordinal(passed);
   }
-  // What rank cb's miss of a new key answers (kOk: it evicted a slot).
-  Result miss(CacheBuffer* cb, uint64_t b) {
-    GetResult o;
-    const Result r = cb->get(key(b, 0), &o);
-    if (r == Result::kOk) {
-      EXPECT_EQ(o.kind, GetKind::kOwner);
-      EXPECT_TRUE(o.evicted);
-      EXPECT_EQ(cb->mark_ready(o.slot), Result::kOk);
-      cb->release(o.slot);
-    }
-    return r;
-  }
-  // The same, for a get that relaxes the protection (protect_relax.h).
-  Result miss(CacheBuffer* cb, uint64_t b, ProtectRelax relax) {
+  // What rank cb's miss of a new key answers (kOk: it evicted a slot), for a
+  // get at its task ordinal that relaxes the protection that far (protect_relax.h).
+  Result miss(CacheBuffer* cb, uint64_t b, ProtectRelax relax = ProtectRelax::kStrict) {
     GetFor f{cb->task_ordinal(), true};
     f.relax = relax;
     GetResult o;
