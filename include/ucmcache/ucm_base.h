@@ -359,10 +359,10 @@ typedef struct ucm_stats {
   uint64_t inline_tasks;        /* load tasks whose every entry was a hit, copied and completed by
                                    the thread that submitted them (host engine, fan-out off): done
                                    when ucm_load_task returns */
-  uint64_t protect_overrides;   /* a shard's wait for a free cache slot that outlasted half of its
-                                   task's time and then took a slot the eviction protection
-                                   (UCM_PROTECT) still held for a local rank that had not come:
-                                   protection costs that rank a reload, never a failed task */
+  uint64_t protect_overrides;   /* waits for a free cache slot that outlasted half of their task's
+                                   time and from then on looked with no eviction protection
+                                   (UCM_PROTECT): a slot kept for a local rank that had not come may
+                                   go, and that rank reloads it; protection never fails a task */
 } ucm_stats_t;
 
 /* The cache calls exist in a library built with MPI (ucmcache.pc then sets no

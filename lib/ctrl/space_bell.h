@@ -26,9 +26,11 @@
 // starts at QueueOptions::no_space_backoff_ns and doubles, while no ring
 // comes, up to no_space_backoff_max_ns (which the cache keeps well under the
 // protection grace). And a look that found no space swept the whole pool
-// (milliseconds on a large cache): the next one waits at least 9 times as
-// long (kLookShare), rung or not, so that looking takes at most a tenth of a
-// waiting rank's time. Every wait is still bounded by the task's deadline.
+// (milliseconds on a large cache): the next one waits at least 9 times the
+// thread CPU time it took (kLookShare), rung or not, so that looking takes at
+// most a tenth of a waiting rank's time. No sleep outlasts the task's
+// deadline or the moment the protection relaxes (ctrl/protect_relax.h),
+// when the queue looks again.
 #pragma once
 
 #include <atomic>
@@ -54,7 +56,7 @@ inline uint32_t space_bell_now(const BufferCtrl& c) {
 }
 
 inline void space_wait_end(const BufferCtrl& c, uint32_t me) {
-  c.globals().space_waiting.fetch_and(~(1u << me), std::memory_order_relaxed);
+  c.globals().space_waiting.fetch_and(~(1u << me), std::memory_order_seq_cst);
 }
 
 // Rings when anyone waits for space; otherwise one load of a read-mostly line.

@@ -217,7 +217,7 @@ class LoadQueue {
     LoadQueue* q;
     bool announced = false;
     uint32_t bell = 0;   // read before the look that found no space
-    uint64_t look_start_ns = 0;
+    uint64_t look_cpu0_ns = 0;  // the thread's CPU time when the last look began
     uint64_t step_ns = 0;
     explicit SpaceWait(LoadQueue* queue) : q(queue), step_ns(queue->opts_.no_space_backoff_ns) {}
     ~SpaceWait();
@@ -359,6 +359,7 @@ class LoadQueue {
   // Threads of this rank waiting for space (the dispatcher, the copier's
   // regain): the rank's bit in space_waiting stays while any does; stop() rings.
   std::atomic<uint32_t> space_waiters_{0};
+  std::mutex space_mu_;  // the count and the rank's bit change together under it
   std::atomic<uint64_t> handoffs_{0};
   std::atomic<uint64_t> queued_tasks_{0};
   // Load task ordinals and tasks_passed (ctrl/protect.h): the next ordinal;

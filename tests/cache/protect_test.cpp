@@ -577,6 +577,7 @@ TEST_F(Protect, ARelaxedEvictorWaitsForALevelRankAtItsOwnTask) {
   at_task(r2_.get(), 2, 4);     // rank 2 is past it
   at_task(r1_.get(), 1, 3);
   at_task(r0_.get(), 0, 3);
+  for (uint32_t i = 0; i < kSlots; ++i) hit(r0_.get(), 10 + i);  // rank 0 owes itself nothing: only rank 1 is owed
   EXPECT_EQ(miss(r0_.get(), 99, ProtectRelax::kLevelLater), Result::kNoSpace) << "rank 1 is level at task 3";
   EXPECT_EQ(miss(r0_.get(), 99, ProtectRelax::kNone), Result::kOk) << last_error();
 }

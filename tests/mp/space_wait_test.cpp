@@ -3,10 +3,12 @@
 // processes: rank 1 pins every slot of the cache; rank 0's queue submits a
 // task of one new key, whose get() answers NoSpace until rank 1 releases a
 // slot a while later. Rank 0 used to nap 200 us and sweep the whole cache
-// again, about 1,500 sweeps in the 300 ms it waits here (each an NoSpace
-// answer); now it sleeps until the release rings, on bounds that double
-// while no ring comes. The counts say which: NoSpace answers (each a whole
-// sweep) and the sleeps the bell ended. No time is asserted.
+// again, about 1,500 sweeps in the 300 ms it waits here (each a NoSpace
+// answer); now it sleeps until the release rings. Its sleeps' bound here is
+// 10 s, past its task's 5 s deadline, so only the bell (or the protection's
+// relaxing at half of the task's time, which looks once more) ends them: the
+// counts say which, NoSpace answers (each a whole sweep) and sleeps the bell
+// ended. No time is asserted.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -29,13 +31,12 @@ constexpr uint64_t kDeadlineMs = 20000;  // a hang, not slowness
 constexpr uint64_t kShardBytes = 4096;
 constexpr uint32_t kSlots = 8;
 constexpr uint32_t kHoldMs = 300;  // how long rank 1 keeps every slot after rank 0 sleeps
-// Bounds of the waiter's sleeps: 0.2 ms doubling to 20 ms (the queue's stop
-// check bounds every sleep to 20 ms anyway), so that in kHoldMs it looks
-// about 22 times (8 steps to the cap, then 20 ms each).
-constexpr uint64_t kBackoffNs = 200'000;
-constexpr uint64_t kBackoffMaxNs = 20'000'000;
-// Far above those 22 looks and far below the ~1,500 of a 200 us nap loop.
-constexpr uint64_t kMostLooks = 100;
+constexpr uint64_t kTaskMs = 5000;
+constexpr uint64_t kBackoffNs = 10'000'000'000;  // every bound of a sleep: past the task's deadline
+constexpr uint64_t kBackoffMaxNs = kBackoffNs;
+// The first look, the look after announcing, the look when the protection
+// relaxes for level ranks (5 ms), the look the release rings: 4.
+constexpr uint64_t kMostLooks = 5;
 
 Key held_key(uint32_t i) { return key(91000 + i, 1); }
 Key new_key() { return key(92000, 1); }
@@ -91,7 +92,7 @@ void wait_for_space(const TestCache& parent, SpaceShared* sh) {
   std::vector<TaskEntry> es(1);
   es[0].key = new_key();
   es[0].dst = dst.data();
-  auto t = std::make_shared<Task>(1, TaskKind::kLoad, es, deadline_after_ms(kDeadlineMs));
+  auto t = std::make_shared<Task>(1, TaskKind::kLoad, es, deadline_after_ms(kTaskMs));
   ASSERT_EQ(me.queue->submit(t), Result::kOk) << last_error();
   const uint64_t until = deadline_after_ms(kDeadlineMs);
   while (me.queue->space_stats().sleeps == 0 && !t->done() && now_ns() < until) usleep(200);
@@ -117,7 +118,7 @@ TEST(SpaceWait, ARankWaitingForAFreeSlotSleepsUntilAReleaseRingsTheSpaceBell) {
   const pid_t r0 = ch.spawn([&] { wait_for_space(tc, sh.get()); });
   EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
   EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
-  EXPECT_GE(sh->wakes.load(), 1u) << "the release rang the space bell";
+  EXPECT_GE(sh->wakes.load(), 1u) << "the release rang the space bell (else rank 0 looked again only at half of its task's time)";
   EXPECT_LE(sh->no_space.load(), kMostLooks) << "rank 0 swept the cache " << sh->no_space.load()
                                              << " times while it waited: a nap loop, not a sleep on the bell";
   EXPECT_EQ(sh->waiting_after.load(), 0u) << "nobody waits for space any more";
