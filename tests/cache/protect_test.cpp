@@ -368,7 +368,18 @@ TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
     r0_->release(g.slot);
   }
   // A task its dispatcher cannot pass (rank 0 pins every slot: no room for
-  // its miss) keeps the rank busy: idle_since_ms is 0 until it passes.
+  // its miss) keeps the rank busy: idle_since_ms is 0 until it passes. The
+  // store's completion drops its I/O pin just after it marks the slot Ready,
+  // which can be after the task is done (ASan: 2 runs in 300): first let
+  // rank 1's pins go.
+  auto rank1_pins = [&] {
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < kSlots; ++j) n += tc_.ctrl.pin(1, j).load();
+    return n;
+  };
+  const uint64_t pins_until = deadline_after_ms(20000);
+  while (rank1_pins() != 0 && now_ns() < pins_until) usleep(100);
+  ASSERT_EQ(rank1_pins(), 0u) << "rank 1 still pins a slot of a finished task";
   std::vector<GetResult> pins(kSlots);
   for (uint32_t i = 0; i < kSlots; ++i) {
     ASSERT_EQ(r0_->get(key(400 + i, 0), &pins[i]), Result::kOk) << last_error();
