@@ -302,6 +302,10 @@ uint64_t next_relax_ns(const Task& t, uint64_t since, ProtectRelax now_at) {
 
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
   GetFor f = get_for(t);
+  // Where the task's earlier entries left the relaxing: a task past half of
+  // its time with thousands of entries swept strictly for each (3 ms a sweep
+  // at 128k slots) and ended seconds past its deadline (an adversarial run).
+  f.relax = static_cast<ProtectRelax>(t.relax_floor());
   SpaceWait space(this);
   uint64_t since = 0;  // the first NoSpace
   for (;;) {
@@ -317,9 +321,10 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
     if (since == 0) since = now;
     const ProtectRelax relax = relax_after(t, now, since);
-    if (relax != f.relax) {  // look again at once, under the relaxed rule
+    if (relax > f.relax) {  // look again at once, under the relaxed rule
       if (relax == ProtectRelax::kNone) add(ctr_->protect_overrides, 1);
       f.relax = relax;
+      t.raise_relax_floor(static_cast<uint8_t>(relax));
       continue;
     }
     // Slots this rank has not taken may be protected until it does, and the
@@ -448,7 +453,9 @@ void LoadQueue::dispatch(const std::shared_ptr<Task>& t) {
 // waits, the dispatcher sleeps on the node's defer bell, which a rank that
 // starts serving a key rings when someone defers (ctrl/protect.h).
 bool LoadQueue::dispatch_deferred(const std::shared_ptr<Task>& t, std::vector<uint32_t>* deferred) {
-  const uint64_t grace_end = now_ns() + opts_.owner_grace_ns;
+  // Never past the task's deadline: an owner grace longer than the timeout
+  // (UCM_OWNER_GRACE_US) held a task for the whole grace.
+  const uint64_t grace_end = std::min(now_ns() + opts_.owner_grace_ns, t->deadline_ns());
   DeferSpan span;
   while (!deferred->empty()) {
     const bool expired = now_ns() >= grace_end || stopping();

@@ -58,6 +58,12 @@ class Task {
   const std::vector<TaskEntry>& entries() const { return entries_; }
   uint64_t submit_ns() const { return submit_ns_; }
   uint64_t deadline_ns() const { return deadline_ns_; }
+  uint8_t relax_floor() const { return relax_floor_.load(std::memory_order_relaxed); }
+  void raise_relax_floor(uint8_t r) const {
+    uint8_t cur = relax_floor_.load(std::memory_order_relaxed);
+    while (cur < r && !relax_floor_.compare_exchange_weak(cur, r, std::memory_order_relaxed)) {
+    }
+  }
 
   void entry_ok() { finish(1); }
   // n entries at once (the inline path: every entry copied by the caller).
@@ -99,6 +105,10 @@ class Task {
   const uint64_t submit_ns_;
   const uint64_t deadline_ns_;
   uint32_t ordinal_ = 0;  // set before the task is queued or run; read by the thread that runs it
+  // How far the eviction protection has relaxed for this task's gets
+  // (ctrl/protect_relax.h, a ProtectRelax; only rises): each later entry
+  // starts there instead of sweeping strictly again.
+  mutable std::atomic<uint8_t> relax_floor_{0};
   std::atomic<uint32_t> remaining_;
   std::atomic<uint64_t> done_ns_{0};
   mutable std::atomic<uint32_t> done_word_{0};

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/sim_backend.h"
+#include "backend/sim_content.h"
 #include "common/test_util.h"
 #include "ctrl/protect.h"
 #include "device/host_engine.h"
@@ -334,6 +335,31 @@ TEST_F(Protect, AGetStampsAndTakesForTheTaskItNames) {
 // Rank 1's queue numbers its load tasks and publishes how many it has
 // finished dispatching, through the dispatcher and through the inline path,
 // and its loads carry the ordinal of their task.
+// A task past half of its time gives up the protection once, for all of its
+// entries: each entry started strict again, swept the whole pool and only
+// then looked unprotected (an adversarial run: 4,096 entries on 128k slots,
+// a sweep 3 ms each, the task ended 10 s past its 8 s deadline). Rank 0 loads
+// every slot; rank 1 owes them at its own task and never takes them, so only
+// the relaxing lets its queue's task of kSlots new keys (deadline 300 ms)
+// evict: once, counted once.
+TEST_F(Protect, ATaskGivesUpTheProtectionOnceForAllOfItsEntries) {
+  ASSERT_NO_FATAL_FAILURE(open(kNever));
+  load(r0_.get(), 10, kSlots);  // stamped for task 0, owed to rank 1
+  ASSERT_NO_FATAL_FAILURE(start_queue());
+  std::vector<std::vector<uint8_t>> dst(kSlots, std::vector<uint8_t>(256, 0xee));
+  std::vector<TaskEntry> es(kSlots);
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    es[i].key = key(500 + i, 0);
+    es[i].dst = dst[i].data();
+  }
+  auto t = std::make_shared<Task>(1, TaskKind::kLoad, std::move(es), deadline_after_ms(300));
+  ASSERT_EQ(queue_->submit(t), Result::kOk) << last_error();
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(20000)));
+  EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  for (uint32_t i = 0; i < kSlots; ++i) EXPECT_EQ(sim_verify(key(500 + i, 0), dst[i].data(), 256), 256u) << "entry " << i;
+  EXPECT_EQ(queue_counters(tc_.ctrl.rank(1)).protect_overrides.load(), 1u) << "one override for the task, not one per entry";
+}
+
 TEST_F(Protect, TheQueuePublishesTheLoadTasksItHasPassed) {
   ASSERT_NO_FATAL_FAILURE(open(kNever));
   ASSERT_NO_FATAL_FAILURE(start_queue());

@@ -110,5 +110,53 @@ TEST(Defer, AnIdleRankSleepsOnTheDeferBellAndIsWokenWhenAPeerServesItsShare) {
               static_cast<unsigned long long>(sh->wakes.load()), sh->cpu_ns.load() / 1e6);
 }
 
+// An owner grace longer than the task's timeout (UCM_OWNER_GRACE_US) held
+// the task for the whole grace (an adversarial run: a 3 s grace, a 500 ms
+// timeout, 3.0 s). Rank 0 submits alone, with a grace of 600 s and a task
+// deadline of 300 ms; rank 1 never comes. The deferral ends at the task's
+// deadline: rank 0's own stride loads, rank 1's share fails with the task
+// (UCM_ERR_TIMEOUT) instead of waiting out the grace.
+struct AloneShared {
+  ShmSignal done;
+};
+
+TEST(Defer, TheOwnerGraceEndsAtTheTasksDeadline) {
+  TestCache tc;
+  make_cache(params(32, 0, kShardBytes, 8, kRanks), &tc);
+  Shared<AloneShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] {
+    QueueRank me;
+    ASSERT_NO_FATAL_FAILURE(open_rank(&me, tc, 1));
+    ASSERT_TRUE(sh->done.wait_ge(1, deadline_after_ms(3 * kDeadlineMs)));
+    me.close(1);
+  });
+  const pid_t r0 = ch.spawn([&] {
+    QueueRank me;
+    QueueOptions qo;
+    qo.local_size = kRanks;
+    qo.prealloc = false;
+    qo.owner_grace_ns = 600'000'000'000ull;
+    me.open(tc, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    std::vector<TaskEntry> es(kKeys);
+    std::vector<std::vector<uint8_t>> dst(kKeys, std::vector<uint8_t>(kShardBytes, 0xee));
+    for (uint32_t i = 0; i < kKeys; ++i) {
+      es[i].key = task_key(100 + i);
+      es[i].dst = dst[i].data();
+    }
+    auto t = std::make_shared<Task>(1, TaskKind::kLoad, es, deadline_after_ms(300));
+    ASSERT_EQ(me.queue->submit(t), Result::kOk) << last_error();
+    ASSERT_TRUE(t->wait_until(deadline_after_ms(kDeadlineMs))) << "the task waited out the owner grace";
+    EXPECT_EQ(t->result(), Result::kTimeout) << t->error();
+    for (uint32_t i = 0; i < kKeys; i += kRanks)  // rank 0's stride
+      EXPECT_EQ(sim_verify(task_key(100 + i), dst[i].data(), kShardBytes), kShardBytes) << "key " << i;
+    sh->done.set(1);
+    me.close(0);
+  });
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(r1, 4 * kDeadlineMs), 0);
+}
+
 }  // namespace
 }  // namespace ucm::test
