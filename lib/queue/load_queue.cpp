@@ -22,8 +22,8 @@
 
 namespace ucm {
 using load_queue_impl::add;
-using load_queue_impl::kLookShare;
-using load_queue_impl::kRelaxLevelNs;
+using load_queue_impl::next_relax_ns;
+using load_queue_impl::relax_after;
 using load_queue_impl::kStopCheckNs;
 
 namespace {
@@ -278,28 +278,6 @@ GetFor LoadQueue::get_for(const Task& t) const {
   return f;
 }
 
-// How far the protection holds for a get of task t that has waited for space
-// since `since` (ctrl/protect_relax.h): strict at first; no wait for level
-// ranks on later tasks (a cycle) once a progressing rank would have taken
-// what it was owed; none once half of the task's time is gone (from its
-// submission: a bound per wait restarted with every entry and added up to
-// the whole timeout), so that protection never fails a task.
-namespace {
-uint64_t half_time_ns(const Task& t) {
-  return t.deadline_ns() > t.submit_ns() ? t.submit_ns() + (t.deadline_ns() - t.submit_ns()) / 2 : t.deadline_ns();
-}
-ProtectRelax relax_after(const Task& t, uint64_t now, uint64_t since) {
-  if (now >= half_time_ns(t)) return ProtectRelax::kNone;
-  return now - since >= kRelaxLevelNs ? ProtectRelax::kLevelLater : ProtectRelax::kStrict;
-}
-// When the relaxing steps up next (a wait for space looks again then).
-uint64_t next_relax_ns(const Task& t, uint64_t since, ProtectRelax now_at) {
-  if (now_at == ProtectRelax::kNone) return t.deadline_ns();
-  if (now_at == ProtectRelax::kStrict) return std::min(since + kRelaxLevelNs, half_time_ns(t));
-  return half_time_ns(t);
-}
-}  // namespace
-
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
   GetFor f = get_for(t);
   // Where the task's earlier entries left the relaxing: a task past half of
@@ -333,70 +311,8 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
     if (mine && take_served(*mine)) continue;
     // Our copier frees what it copies: it must have every entry we hold.
     if (t_dispatching == this) flush_batch();
-    (void)space.sleep(std::min(t.deadline_ns(), next_relax_ns(t, since, f.relax)));
+    space.sleep(std::min(t.deadline_ns(), next_relax_ns(t, since, f.relax)));
   }
-}
-
-LoadQueue::SpaceWait::~SpaceWait() {
-  if (!announced) return;
-  // The rank's bit stays while any thread of ours waits (the dispatcher, the
-  // copier's regain): the count and the bit change together.
-  std::lock_guard<std::mutex> g(q->space_mu_);
-  if (q->space_waiters_.fetch_sub(1, std::memory_order_seq_cst) == 1) space_wait_end(q->cache_->ctrl(), q->opts_.local_rank);
-}
-
-void LoadQueue::SpaceWait::before_look() {
-  if (!announced) return;
-  bell = space_bell_now(q->cache_->ctrl());
-  look_cpu0_ns = thread_cpu_ns();
-}
-
-bool LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
-  if (!announced) {
-    // From now on a release rings us; what freed before this look is seen by
-    // the look the caller makes next, at once.
-    {
-      std::lock_guard<std::mutex> g(q->space_mu_);
-      q->space_waiters_.fetch_add(1, std::memory_order_seq_cst);
-      bell = space_wait_announce(q->cache_->ctrl(), q->opts_.local_rank);
-    }
-    announced = true;
-    return false;
-  }
-  std::atomic<uint32_t>& b = q->cache_->ctrl().globals().space_bell;
-  const uint64_t now = now_ns();
-  // A look that found no space swept the whole pool: on a large cache that is
-  // milliseconds. The next look waits kLookShare times as long (by the
-  // thread's CPU time, not the wall's: a look descheduled is no dearer),
-  // rung or not, so that looking takes at most a tenth of the wait
-  // (space_bell.h); never past `until_ns` (the task's deadline, or when the
-  // protection relaxes next).
-  const uint64_t cpu = thread_cpu_ns();
-  const uint64_t look_ns = look_cpu0_ns != 0 && cpu > look_cpu0_ns ? cpu - look_cpu0_ns : 0;
-  const uint64_t end = std::min(until_ns, std::max(now + step_ns, now + kLookShare * look_ns));
-  const uint64_t gap_end = std::min(end, now + kLookShare * look_ns);
-  q->space_sleeps_.fetch_add(1, std::memory_order_relaxed);
-  bool rang = false;
-  for (;;) {
-    if (q->stopping()) break;
-    const uint64_t t = now_ns();
-    rang = rang || b.load(std::memory_order_seq_cst) != bell;
-    if (t >= end || (rang && t >= gap_end)) break;
-    if (rang) {
-      // Rung within the gap: sleep out the gap; further rings change nothing.
-      sleep_for_ns(std::min(gap_end, t + kStopCheckNs) - t);
-      continue;
-    }
-    // Sleep on the value read before the look: a release since then returns at once.
-    (void)futex_wait(&b, bell, std::min(end, t + kStopCheckNs));
-  }
-  if (rang) {
-    q->space_wakes_.fetch_add(1, std::memory_order_relaxed);
-    step_ns = q->opts_.no_space_backoff_ns;  // something freed: the next wait starts short again
-  } else {
-    step_ns = std::min(step_ns * 2, std::max(q->opts_.no_space_backoff_max_ns, q->opts_.no_space_backoff_ns));
-  }
-  return true;
 }
 
 bool LoadQueue::take_served(const std::shared_ptr<Task>& t) {
@@ -640,7 +556,7 @@ void LoadQueue::prealloc_next(const Task& t) {
       if (o != PreallocOutcome::kNoSpace) break;
       if (!in_flight || now_ns() >= wait_end) return;  // nothing will free on its own (in time): stop
       flush_batch();  // our copier holds whatever it must copy to free our part
-      (void)space.sleep(wait_end);  // a load or copy landing releases, and rings
+      space.sleep(wait_end);  // a load or copy landing releases, and rings
     }
   }
 }

@@ -225,10 +225,10 @@ class LoadQueue {
     SpaceWait& operator=(const SpaceWait&) = delete;
     // Before a look: the bell's value then (announced only).
     void before_look();
-    // After a look found no space: false the first time (announced now: look
-    // again at once); then sleeps until a ring or min(step, until), and at
-    // least kLookShare times as long as that look took, and returns true.
-    bool sleep(uint64_t until_ns);
+    // After a look found no space: the first time, announces the wait and
+    // returns at once (look again); then sleeps until a ring or min(step,
+    // until), and at least kLookShare times the CPU time that look took.
+    void sleep(uint64_t until_ns);
   };
   // false when the queue is stopping (the entry is failed).
   bool dispatch_entry(const std::shared_ptr<Task>& t, uint32_t index);

@@ -21,6 +21,11 @@ constexpr uint64_t kLookShare = 9;  // a wait for space sleeps 9x as long as its
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 
+// How far the eviction protection holds for a get of task t that has waited
+// for space since `since`, and when that steps up next (space_wait.cpp).
+ProtectRelax relax_after(const Task& t, uint64_t now, uint64_t since);
+uint64_t next_relax_ns(const Task& t, uint64_t since, ProtectRelax now_at);
+
 }  // namespace load_queue_impl
 
 // One backend I/O into a slot. Holds its own pin on the slot until done.
