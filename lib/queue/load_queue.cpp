@@ -836,6 +836,10 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
     words->clear();
     uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
     for (const Item& it : waiting) {
+      if (it.slotless) {  // no word to wait on: its next look for a slot bounds the sleep
+        until = std::min(until, it.next_look_ns);
+        continue;
+      }
       slots->push_back(it.slot);
       words->push_back(it.word);
       until = std::min(until, it.task->deadline_ns());
@@ -896,24 +900,42 @@ std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
          "); not retried";
 }
 
-bool LoadQueue::regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind) {
+void LoadQueue::fail_slotless(Item& it, uint64_t started, Result r, const std::string& why) {
+  add(ctr_->wait_ns, now_ns() - started);
+  add(ctr_->failed_shards, 1);
+  it.task->entry_failed(it.index, r, why);
+}
+
+bool LoadQueue::drop_lost_slot(Item& it, uint64_t started) {
   const TaskEntry& e = it.task->entries()[it.index];
   cache_->release(it.slot);
-  auto give_up = [&](Result r, const std::string& why) {
-    add(ctr_->wait_ns, now_ns() - started);
-    add(ctr_->failed_shards, 1);
-    it.task->entry_failed(it.index, r, why);
+  it.slot = kNoSlot;
+  if (now_ns() >= it.task->deadline_ns()) {
+    fail_slotless(it, started, Result::kTimeout,
+                  key_text(e.key) + ": the store did not complete its load by the task's deadline");
     return false;
-  };
-  if (now_ns() >= it.task->deadline_ns())
-    return give_up(Result::kTimeout, key_text(e.key) + ": the store did not complete its load by the task's deadline");
-  if (++it.failures > opts_.load_retries)
-    return give_up(Result::kTimeout, key_text(e.key) + ": its load was abandoned at a deadline " +
-                                         std::to_string(it.failures) + " times");
-  if (stopping()) return give_up(Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+  }
+  if (++it.failures > opts_.load_retries) {
+    fail_slotless(it, started, Result::kTimeout,
+                  key_text(e.key) + ": its load was abandoned at a deadline " + std::to_string(it.failures) + " times");
+    return false;
+  }
+  if (stopping()) {
+    fail_slotless(it, started, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    return false;
+  }
+  return true;
+}
+
+bool LoadQueue::regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind) {
+  if (!drop_lost_slot(it, started)) return false;
+  const TaskEntry& e = it.task->entries()[it.index];
   GetResult g;
   const Result r = get_with_backpressure(e.key, *it.task, &g);
-  if (r != Result::kOk) return give_up(r, key_text(e.key) + ": " + last_error());
+  if (r != Result::kOk) {
+    fail_slotless(it, started, r, key_text(e.key) + ": " + last_error());
+    return false;
+  }
   it.slot = g.slot;
   *w = g.word;
   *kind = g.kind;
@@ -938,7 +960,7 @@ bool LoadQueue::process(Item& it) {
   }
   if (it.started == 0) it.started = now_ns();
   // Fresh: the item holds a reference, so the slot's word speaks for its key.
-  uint32_t w = cache_->word(it.slot);
+  uint32_t w = it.slotless ? 0 : cache_->word(it.slot);
   const Look look = await_ready(it, &w);
   if (look == Look::kWaiting) return false;
   if (look == Look::kReady) start_copy(it);
@@ -947,6 +969,8 @@ bool LoadQueue::process(Item& it) {
 
 LoadQueue::Look LoadQueue::await_ready(Item& it, uint32_t* w) {
   for (;;) {
+    Look look = Look::kWaiting;
+    if (it.slotless && !look_for_slot(it, w, &look)) return look;
     const State s = SlotView(*w).state();
     if (s == State::kReady) return Look::kReady;
     if (s == State::kCorrupt) {
@@ -965,10 +989,15 @@ LoadQueue::Look LoadQueue::await_ready(Item& it, uint32_t* w) {
 bool LoadQueue::retry_load(Item& it, uint32_t* w) {
   const TaskEntry& e = it.task->entries()[it.index];
   if (!cache_->holds_key(it.slot, e.key)) {
-    // Its load was abandoned at its deadline: the key, not the slot, is taken over.
-    GetKind kind = GetKind::kWaiter;
-    if (!regain(it, w, it.started, &kind)) return false;
-    return kind != GetKind::kOwner || load_as_owner(it, w);
+    // Its load was abandoned at its deadline: the key, not the slot, is taken
+    // over. The copier never waits for space here (look_for_slot): the only
+    // slot that could free may be one it holds for an entry it has yet to copy.
+    if (!drop_lost_slot(it, it.started)) return false;
+    it.slotless = true;
+    it.space_since = 0;
+    it.next_look_ns = 0;
+    it.space_step_ns = 0;
+    return true;
   }
   if (SlotView(*w).state() == State::kFailed && ++it.failures > opts_.load_retries) {
     std::string why;

@@ -170,6 +170,13 @@ class LoadQueue {
     uint32_t word;       // the slot's word it waits to change
     uint32_t failures;
     uint64_t started = 0;  // first look (for wait_ns)
+    // Its slot lost the key (a load abandoned at a deadline) and no slot was
+    // free for it since: it holds no slot, and the copier looks for one again
+    // at next_look_ns (look_for_slot), never waiting for space in between.
+    bool slotless = false;
+    uint64_t space_since = 0;    // the first NoSpace of that get
+    uint64_t next_look_ns = 0;
+    uint64_t space_step_ns = 0;  // the bound of the current pause between looks
   };
   struct Copy {
     std::shared_ptr<Task> task;
@@ -270,8 +277,14 @@ class LoadQueue {
   // Waits for the slot's word to change from *w; false when the item failed.
   bool await_change(Item& it, uint32_t* w, uint64_t started);
   // The item's slot lost its key (its load was abandoned): releases it and
-  // gets the key again; false when the item failed instead.
+  // gets the key again; false when the item failed instead. The dump path's:
+  // it waits for space (get_with_backpressure).
   bool regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind);
+  // regain's first half: releases the slot that lost its key; false when the
+  // item failed instead (its deadline, its retries, the queue stopping).
+  bool drop_lost_slot(Item& it, uint64_t started);
+  // Fails an entry that holds no slot (fail_item releases one).
+  void fail_slotless(Item& it, uint64_t started, Result r, const std::string& why);
   // Expires every I/O past its deadline; the earliest deadline left.
   uint64_t expire_due_ios();
   void track_io(Io* io);
@@ -303,6 +316,15 @@ class LoadQueue {
   // The slot is Failed or has no owner: get the key again (its load was
   // abandoned) or take the load over; false when the entry failed.
   bool retry_load(Item& it, uint32_t* w);
+  // drop_lost_slot's second half on the load path (space_wait.cpp): one get for a slotless
+  // item, never a wait for space, so that the copier serves its other entries
+  // meanwhile. True when the item holds a slot again (*w its word; as owner,
+  // its load started); otherwise *look says kWaiting (it.next_look_ns set)
+  // or kEnded (failed).
+  bool look_for_slot(Item& it, uint32_t* w, Look* look);
+  // The rule of look_for_slot's get: the task's relax floor, relaxed by how
+  // long the get has waited for space since `since` (0: its first look).
+  GetFor relaxed_for(const Task& t, uint64_t since, uint64_t now);
   // Idle with an owner: kWaiting, or the deadline's outcome.
   Look owner_filling(Item& it, uint32_t* w);
   // Queues the Ready slot's copy to the caller's buffer (flush_copies starts it).

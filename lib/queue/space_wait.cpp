@@ -1,7 +1,8 @@
 // A load queue's waits for a free cache slot (NoSpace): the sleep on the
 // node's space bell (ctrl/space_bell.h) and how far the eviction protection
 // relaxes while a task waits (ctrl/protect_relax.h). The loops that wait are
-// load_queue.cpp's (get_with_backpressure, prealloc_next).
+// load_queue.cpp's (get_with_backpressure, prealloc_next); the copier's look
+// for a slot (look_for_slot) never waits.
 #include <algorithm>
 #include <mutex>
 
@@ -15,6 +16,9 @@ namespace ucm {
 using load_queue_impl::kLookShare;
 using load_queue_impl::kRelaxLevelNs;
 using load_queue_impl::kStopCheckNs;
+using load_queue_impl::add;
+using load_queue_impl::next_relax_ns;
+using load_queue_impl::relax_after;
 
 namespace {
 // When half of task t's time (from its submission) is gone.
@@ -103,6 +107,72 @@ void LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
   } else {
     step_ns = std::min(step_ns * 2, std::max(q->opts_.no_space_backoff_max_ns, q->opts_.no_space_backoff_ns));
   }
+}
+
+GetFor LoadQueue::relaxed_for(const Task& t, uint64_t since, uint64_t now) {
+  // As get_with_backpressure's loop, one look a call: the first at the
+  // task's relax floor, the later ones relaxed by how long this get waited.
+  GetFor f = get_for(t);
+  f.relax = static_cast<ProtectRelax>(t.relax_floor());
+  if (since == 0) return f;
+  const ProtectRelax relax = relax_after(t, now, since);
+  if (relax > f.relax) {
+    if (relax == ProtectRelax::kNone) add(ctr_->protect_overrides, 1);
+    f.relax = relax;
+    t.raise_relax_floor(static_cast<uint8_t>(relax));
+  }
+  return f;
+}
+
+bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
+  const Task& t = *it.task;
+  const TaskEntry& e = t.entries()[it.index];
+  const uint64_t now = now_ns();
+  if (stopping()) {
+    fail_slotless(it, it.started, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    *look = Look::kEnded;
+    return false;
+  }
+  if (now >= t.deadline_ns()) {
+    fail_slotless(it, it.started, Result::kNoSpace,
+                  key_text(e.key) + ": no free cache slot before the task's deadline (its load was abandoned, and " +
+                      "every slot stayed pinned or protected since)");
+    *look = Look::kEnded;
+    return false;
+  }
+  *look = Look::kWaiting;
+  if (now < it.next_look_ns) return false;
+  const GetFor f = relaxed_for(t, it.space_since, now);
+  const uint64_t cpu0 = thread_cpu_ns();
+  GetResult g;
+  const Result r = cache_->get(e.key, &g, f);
+  if (r == Result::kOk) {
+    it.slotless = false;
+    it.slot = g.slot;
+    *w = g.word;
+    if (g.kind != GetKind::kOwner) return true;
+    if (load_as_owner(it, w)) return true;
+    *look = Look::kEnded;
+    return false;
+  }
+  if (r != Result::kNoSpace) {
+    fail_slotless(it, it.started, r, key_text(e.key) + ": " + last_error());
+    *look = Look::kEnded;
+    return false;
+  }
+  // No space: look again after a pause that doubles (from the queue's
+  // no-space backoff to its bound) and is at least kLookShare times what this
+  // look cost, never past the deadline or the relaxing's next step. The copier
+  // does not sleep on the space bell (it sleeps on its entries' words).
+  if (it.space_since == 0) it.space_since = now;
+  it.space_step_ns = it.space_step_ns == 0 ? opts_.no_space_backoff_ns
+                                           : std::min(it.space_step_ns * 2, std::max(opts_.no_space_backoff_max_ns,
+                                                                                      opts_.no_space_backoff_ns));
+  const uint64_t cpu1 = thread_cpu_ns();
+  const uint64_t look_ns = cpu1 > cpu0 ? cpu1 - cpu0 : 0;
+  it.next_look_ns = std::min({t.deadline_ns(), next_relax_ns(t, it.space_since, f.relax),
+                              now + std::max(it.space_step_ns, kLookShare * look_ns)});
+  return false;
 }
 
 }  // namespace ucm

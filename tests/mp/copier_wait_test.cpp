@@ -1,0 +1,159 @@
+// An entry whose key must be got again (its load was abandoned at a deadline)
+// while the cache has no free slot never holds back the copier's other
+// entries, in real processes. The copier used to wait for space inside
+// regain(), one sleep after another until that entry's task's deadline, while
+// the only slot that could free was pinned by another of its own entries,
+// Ready and waiting for the copier to copy it: that task ended at the other's
+// deadline, not its own (an adversarial run: 900 ms past its deadline with
+// the public API). The copier now looks for a slot once per round and serves
+// the rest in between (docs/design.md 9.1, "The copier never waits for space").
+//
+// The cache has 4 slots. Rank 1 (a bare CacheBuffer) owns X and Z without
+// filling them and pins H1 and H2, Ready. Rank 0's queue submits C = {Z}
+// (its deadline 6 s) and B = {X} (20 s): both wait in the copier. Rank 1
+// abandons X's load as a store's expiry does, keeping its pin on X's old slot
+// (the store's I/O pin), so rank 0's copier must get X again and finds every
+// slot pinned. Then rank 1 fills Z and unpins it: Z's slot now waits only for
+// rank 0's copy of C. Before the fix C ended with B, at 20 s; now C ends at
+// once and B takes Z's slot after it.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "backend/sim_content.h"
+#include "common/mp_util.h"
+#include "common/test_util.h"
+#include "mp/queue_rank.h"
+#include "queue/load_queue.h"
+
+namespace ucm::test {
+namespace {
+
+constexpr uint64_t kDeadlineMs = 40000;  // a hang, not slowness
+constexpr uint64_t kShardBytes = 4096;
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kTaskCMs = 6000;
+constexpr uint64_t kTaskBMs = 20000;
+
+Key x_key() { return key(93001, 0); }
+Key z_key() { return key(93002, 0); }
+Key h_key(uint32_t i) { return key(93010 + i, 0); }
+
+struct CopierShared {
+  ShmSignal full;       // rank 1 holds every slot
+  ShmSignal waiting;    // rank 0's copier waits on X and Z
+  ShmSignal c_ended;    // rank 0's task C ended (in time or not)
+  ShmSignal finished;   // rank 0 is done
+  std::atomic<uint32_t> x_slot{0}, z_slot{0};
+  std::atomic<uint64_t> c_ms{0};
+};
+
+void owner_of(CacheBuffer& cb, const Key& k, uint32_t* slot) {
+  GetResult g;
+  ASSERT_EQ(cb.get(k, &g), Result::kOk) << last_error();
+  ASSERT_EQ(g.kind, GetKind::kOwner);
+  *slot = g.slot;
+}
+
+// Rank 1: owns X and Z (Idle), pins H1 and H2 (Ready); then abandons X and,
+// once rank 0 found no space, fills Z.
+void hold_and_abandon(const TestCache& parent, CopierShared* sh) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 1;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  uint32_t x = 0, z = 0;
+  std::vector<uint32_t> held(2);
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, z_key(), &z));
+  for (uint32_t i = 0; i < 2; ++i) {
+    ASSERT_NO_FATAL_FAILURE(owner_of(cb, h_key(i), &held[i]));
+    fill_pattern(cb.data_at(held[i]), kShardBytes, h_key(i));
+    ASSERT_EQ(cb.mark_ready(held[i]), Result::kOk) << last_error();
+  }
+  sh->x_slot.store(x);
+  sh->z_slot.store(z);
+  sh->full.set(1);
+  ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  // As the store's expiry does (LoadQueue::expire_due_ios): the key goes,
+  // the I/O's pin stays until the store lets go of the slot.
+  const uint64_t no_space0 = mine.ctrl.rank(0).counters.no_space.load();
+  ASSERT_EQ(cb.abandon_load(x, cb.word(x)), Result::kOk) << last_error();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (mine.ctrl.rank(0).counters.no_space.load() == no_space0 && now_ns() < until) usleep(500);
+  ASSERT_GT(mine.ctrl.rank(0).counters.no_space.load(), no_space0) << "rank 0 never looked for a slot for X again";
+  sim_fill(z_key(), cb.data_at(z), kShardBytes);
+  ASSERT_EQ(cb.mark_ready(z), Result::kOk) << last_error();
+  cb.release(z);
+  ASSERT_TRUE(sh->c_ended.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  cb.release(x);
+  for (uint32_t s : held) cb.release(s);
+  ASSERT_TRUE(sh->finished.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  mine.ctrl.leave(1);
+}
+
+std::shared_ptr<Task> load_task(uint64_t id, const Key& k, uint8_t* dst, uint64_t ms) {
+  std::vector<TaskEntry> es(1);
+  es[0].key = k;
+  es[0].dst = dst;
+  return std::make_shared<Task>(id, TaskKind::kLoad, es, deadline_after_ms(ms));
+}
+
+// Rank 0: its queue loads C = {Z}, then B = {X}.
+void load_both(const TestCache& parent, CopierShared* sh) {
+  ASSERT_TRUE(sh->full.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> dc(kShardBytes, 0xee), db(kShardBytes, 0xee);
+  const uint64_t t0 = now_ns();
+  auto c = load_task(1, z_key(), dc.data(), kTaskCMs);
+  auto b = load_task(2, x_key(), db.data(), kTaskBMs);
+  ASSERT_EQ(me.queue->submit(c), Result::kOk) << last_error();
+  ASSERT_EQ(me.queue->submit(b), Result::kOk) << last_error();
+  // The dispatcher pinned both slots as a waiter: both entries go to the copier.
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while ((ctrl.pin(0, sh->x_slot.load()).load() == 0 || ctrl.pin(0, sh->z_slot.load()).load() == 0) &&
+         now_ns() < until)
+    usleep(200);
+  ASSERT_GE(ctrl.pin(0, sh->x_slot.load()).load(), 1u);
+  ASSERT_GE(ctrl.pin(0, sh->z_slot.load()).load(), 1u);
+  sh->waiting.set(1);
+  const bool c_in_time = c->wait_until(c->deadline_ns());
+  sh->c_ms.store((now_ns() - t0) / 1'000'000);
+  sh->c_ended.set(1);
+  EXPECT_TRUE(c_in_time) << "task C ended past its deadline: the copier waited for space for B instead of copying C";
+  ASSERT_TRUE(c->wait_until(deadline_after_ms(kDeadlineMs))) << "task C hung";
+  EXPECT_EQ(c->result(), Result::kOk) << c->error();
+  EXPECT_EQ(sim_verify(z_key(), dc.data(), kShardBytes), kShardBytes);
+  ASSERT_TRUE(b->wait_until(deadline_after_ms(kDeadlineMs))) << "task B hung";
+  EXPECT_EQ(b->result(), Result::kOk) << b->error();
+  EXPECT_EQ(sim_verify(x_key(), db.data(), kShardBytes), kShardBytes);
+  sh->finished.set(1);
+  me.close(0);
+}
+
+TEST(CopierSpace, AnEntryWaitingForAFreeSlotDoesNotHoldBackTheCopiesOfOthers) {
+  TestCache tc;
+  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  Shared<CopierShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { hold_and_abandon(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { load_both(tc, sh.get()); });
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  std::printf("[CopierSpace] task C (deadline %llu ms) ended at %llu ms\n",
+              static_cast<unsigned long long>(kTaskCMs), static_cast<unsigned long long>(sh->c_ms.load()));
+}
+
+}  // namespace
+}  // namespace ucm::test
