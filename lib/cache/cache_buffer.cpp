@@ -500,7 +500,8 @@ Result CacheBuffer::finish_write(uint32_t slot, bool ok) {
   }
   ctrl_->accessed(slot).store(ok ? 1 : kAccessedUnstored, std::memory_order_relaxed);
   tally(-1);
-  if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
+  // The bell too: a copier waits on stored words beside its slots' (wait_any).
+  if (v & kStoredWaiters) wake_word(sw);
   note_space_freed(*ctrl_);  // the writer's reference is gone (ctrl/space_bell.h)
   return Result::kOk;
 }
@@ -635,43 +636,82 @@ void CacheBuffer::wake_word(std::atomic<uint32_t>& word) const {
   ring_bell();
 }
 
+namespace {
+bool stored_changed(uint32_t v, uint32_t seen) { return ((v ^ seen) & ~kStoredWaiters) != 0; }
+}  // namespace
+
+bool CacheBuffer::any_changed(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
+                              const uint32_t* stored_seen, size_t m) const {
+  const BufferCtrl& c = *ctrl_;
+  for (size_t i = 0; i < n; ++i)
+    if (word_changed(c.slot(slots[i]).word.load(std::memory_order_seq_cst), words[i])) return true;
+  for (size_t j = 0; j < m; ++j)
+    if (stored_changed(c.stored(stored_slots[j]).load(std::memory_order_seq_cst), stored_seen[j])) return true;
+  return false;
+}
+
+bool CacheBuffer::arm_waiters(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
+                              const uint32_t* stored_seen, size_t m) const {
+  // Each word's waiters bit, so that its next change rings the bell; true
+  // when one has changed already.
+  const BufferCtrl& c = *ctrl_;
+  for (size_t i = 0; i < n; ++i) {
+    std::atomic<uint32_t>& word = c.slot(slots[i]).word;
+    uint32_t w = word.load(std::memory_order_seq_cst);  // [A2]
+    for (;;) {
+      if (word_changed(w, words[i])) return true;
+      if (word_has_waiters(w)) break;
+      if (word.compare_exchange_weak(w, word_with_waiters(w), std::memory_order_seq_cst)) break;  // T9 [W]
+    }
+  }
+  for (size_t j = 0; j < m; ++j) {
+    std::atomic<uint32_t>& sw = c.stored(stored_slots[j]);
+    uint32_t v = sw.load(std::memory_order_seq_cst);
+    for (;;) {
+      if (stored_changed(v, stored_seen[j])) return true;
+      if (v & kStoredWaiters) break;
+      if (sw.compare_exchange_weak(v, v | kStoredWaiters, std::memory_order_seq_cst)) break;
+    }
+  }
+  return false;
+}
+
 Result CacheBuffer::wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
-                             uint64_t deadline_ns) {
+                             uint64_t deadline_ns, const uint32_t* stored_slots, const uint32_t* stored_seen,
+                             size_t m) {
   const BufferCtrl& c = *ctrl_;
   for (size_t i = 0; i < n; ++i)
     if (slots[i] >= c.total_slots())
       return fail(Result::kInvalidArg, "wait_any: slot %u >= %u slots", slots[i], c.total_slots());
+  for (size_t j = 0; j < m; ++j)
+    if (stored_slots[j] >= c.total_slots())
+      return fail(Result::kInvalidArg, "wait_any: stored slot %u >= %u slots", stored_slots[j], c.total_slots());
   const uint64_t now = now_ns();
   if (now >= deadline_ns) return fail(Result::kTimeout, "wait_any: the deadline has passed");
   const uint64_t until = std::min(deadline_ns, now + slice_ns_);
   if (opts_.wait == WaitMode::kPoll) {
-    // The legacy waiter: lock, read, unlock each, then sleep.
+    // The legacy waiter: lock, read, unlock each, then sleep. (Stored words
+    // are read as they are: the legacy path had no write-through to wait for.)
     for (size_t i = 0; i < n; ++i) {
       uint32_t w = 0;
       UCM_CHECK(poll_once(slots[i], deadline_ns, &w));
       if (word_changed(w, words[i])) return Result::kOk;
     }
+    if (any_changed(nullptr, nullptr, 0, stored_slots, stored_seen, m)) return Result::kOk;
     sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, until - now));
     return Result::kOk;
   }
-  for (size_t i = 0; i < n; ++i) {
-    std::atomic<uint32_t>& word = c.slot(slots[i]).word;
-    uint32_t w = word.load(std::memory_order_seq_cst);  // [A2]
-    for (;;) {
-      if (word_changed(w, words[i])) return Result::kOk;
-      if (word_has_waiters(w)) break;
-      if (word.compare_exchange_weak(w, word_with_waiters(w), std::memory_order_seq_cst)) break;  // T9 [W]
-    }
-  }
+  if (arm_waiters(slots, words, n, stored_slots, stored_seen, m)) return Result::kOk;
   std::atomic<uint32_t>& bell = c.globals().bell;
   if (bell.load(std::memory_order_seq_cst) != bell_seen) return Result::kOk;
-  for (size_t i = 0; i < n; ++i)
-    if (word_changed(c.slot(slots[i]).word.load(std::memory_order_seq_cst), words[i])) return Result::kOk;
+  if (any_changed(slots, words, n, stored_slots, stored_seen, m)) return Result::kOk;
   (void)futex_wait(&bell, bell_seen, until);
   if (now_ns() >= until) {
     // A silent slice: are the ranks we wait on still there? (Recovery turns
-    // a dead owner's load Failed; it does not ring the bell.)
+    // a dead owner's load Failed, and a dead writer's write NotStored; it
+    // does not ring the bell.)
     for (size_t i = 0; i < n; ++i) note_waited_on(c.slot(slots[i]).word.load(std::memory_order_acquire), deadline_ns);
+    for (size_t j = 0; j < m; ++j) note_writer(c.stored(stored_slots[j]).load(std::memory_order_acquire), deadline_ns);
     if (now_ns() >= deadline_ns) return fail(Result::kTimeout, "wait_any: nothing changed by the deadline");
   }
   return Result::kOk;

@@ -208,12 +208,18 @@ class CacheBuffer {
   // words to wait on, then wait_any() on what was read.
   uint32_t bell() const { return ctrl_->globals().bell.load(std::memory_order_seq_cst); }
   void ring_bell() const;
-  // Sleeps until a slot's word differs from its words[i] (in substance), the
-  // bell moves from `bell_seen`, or the deadline (kTimeout); sets the waiters
-  // bit of each word first. Checks the owners' liveness every slice. kOk
-  // tells the caller to look again; it may be spurious.
+  // Sleeps until a slot's word differs from its words[i] (in substance), a
+  // stored word (the write-through's, layout.h) differs from its
+  // stored_seen[j], the bell moves from `bell_seen`, or the deadline
+  // (kTimeout); sets the waiters bit of each word first (finish_write rings
+  // the bell for a stored word's waiters). Checks the owners' and the
+  // writers' liveness every slice. kOk tells the caller to look again; it may
+  // be spurious.
   [[nodiscard]] Result wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
-                                uint64_t deadline_ns);
+                                uint64_t deadline_ns, const uint32_t* stored_slots = nullptr,
+                                const uint32_t* stored_seen = nullptr, size_t m = 0);
+  // The slot's stored word now (acquire): its write-through's state.
+  uint32_t stored_word(uint32_t slot) const { return ctrl_->stored(slot).load(std::memory_order_acquire); }
   // One more pin on a slot this rank already holds a reference to (a pin or
   // the owner's hold), for work that must outlive
   // the caller's own pin (a backend I/O into the slot).
@@ -293,6 +299,12 @@ class CacheBuffer {
   Result poll_once(uint32_t slot, uint64_t deadline_ns, uint32_t* w);
   void note_waited_on(uint32_t w, uint64_t deadline_ns);
   void note_writer(uint32_t stored_word, uint64_t deadline_ns);
+  // wait_any's pieces: whether any word moved from what the caller saw; and
+  // the waiters bit set on each (true: one moved first).
+  bool any_changed(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
+                   const uint32_t* stored_seen, size_t m) const;
+  bool arm_waiters(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
+                   const uint32_t* stored_seen, size_t m) const;
   uint64_t reap_deadline(uint64_t deadline_ns) const;
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;

@@ -102,8 +102,11 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 //   Writing(r)        WriteFailed(r)   r: its write-through failed                    acquire load after its wake
 //   Writing(r)        NotStored        recovery or leave(): r is dead/leaving    [S3]
 // A sleeper (a dumper waiting for another rank's write) sets the waiters bit
-// by CAS and futex-waits on exactly the value it saw; every transition out of
-// Writing clears the bit and wakes all if it was set. A sleeper woken by
+// by CAS and futex-waits on exactly the value it saw, or on the completion
+// doorbell beside its other words (a copier, as for SlotMeta.word above);
+// every transition out of Writing clears the bit and, if it was set, wakes
+// all and (the writer's own, finish_write) rings the doorbell; recovery's
+// does not, as above. A sleeper woken by
 // WriteFailed reports that write's failure; by NotStored it becomes the
 // writer (S2). A dumper that finds WriteFailed without having waited for it
 // writes again (S2): a dump never answers OK for bytes the store lacks.

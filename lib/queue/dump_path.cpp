@@ -3,7 +3,8 @@
 // dispatcher's get() decides whether this rank fills the slot (write_dump),
 // writes an existing copy through (start_write) or hands the entry to the
 // copier, which waits for the slot (process_dump) and then for the stored
-// word's outcome (dump_ready). The store's completion of a write-through
+// word's outcome (dump_ready, stored_outcome), beside its other entries and
+// never in place. The store's completion of a write-through
 // ends here too (write_done). There is no separate dump queue.
 #include <algorithm>
 #include <string>
@@ -17,7 +18,6 @@
 
 namespace ucm {
 using load_queue_impl::add;
-using load_queue_impl::kStopCheckNs;
 
 Result LoadQueue::write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream) {
   UCM_TRACE(TraceRange::kDump);
@@ -70,37 +70,44 @@ void LoadQueue::write_done(Io& io) {
   }
 }
 
-void LoadQueue::process_dump(Item& it) {
+bool LoadQueue::process_dump(Item& it) {
   const TaskEntry& e = it.task->entries()[it.index];
-  const uint64_t started = now_ns();
-  uint32_t w = it.word;
+  if (it.on_stored) {  // a write-through of these bytes was in flight
+    const Look l = stored_outcome(it);
+    if (l != Look::kReady) return l == Look::kEnded;
+    return dump_ready(it);  // its writer died: claim the write ourselves
+  }
+  uint32_t w = it.slotless ? 0 : cache_->word(it.slot);
   for (;;) {
+    Look look = Look::kWaiting;
+    if (it.slotless && !look_for_slot(it, &w, &look)) return look == Look::kEnded;
     const State s = SlotView(w).state();
-    if (s == State::kReady) return dump_ready(it, started);
+    if (s == State::kReady) return dump_ready(it);
     const bool unowned = SlotView(w).is_unowned();
     if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
-      GetKind kind = GetKind::kWaiter;
-      if (!regain(it, &w, started, &kind)) return;
-      if (kind == GetKind::kOwner) return dump_as_owner(it);
-      continue;
+      if (!drop_lost_slot(it, it.started)) return true;
+      continue;  // look_for_slot gets the key again
     }
     if (s == State::kFailed || s == State::kCorrupt || unowned) {
       if (s == State::kFailed && ++it.failures > opts_.load_retries) {
-        add(ctr_->wait_ns, now_ns() - started);
+        add(ctr_->wait_ns, now_ns() - it.started);
         fail_item(it, Result::kBackend,
                   key_text(e.key) + ": the slot failed " + std::to_string(it.failures) + " times while it was filled");
-        return;
+        return true;
       }
       // Nobody else will fill it: fill it from our bytes and write them
       // through (a corrupt copy is replaced, in the cache and the store).
       if (cache_->try_take_over(it.slot, w, true)) {
-        add(ctr_->wait_ns, now_ns() - started);
-        return dump_as_owner(it);
+        add(ctr_->wait_ns, now_ns() - it.started);
+        dump_as_owner(it);
+        return true;
       }
       w = cache_->word(it.slot);
       continue;
     }
-    if (!await_change(it, &w, started)) return;
+    // Idle with an owner: the copier waits on its word with its other entries.
+    const Look l = owner_filling(it, &w);
+    if (l != Look::kReady) return l == Look::kEnded;
   }
 }
 
@@ -114,74 +121,75 @@ void LoadQueue::dump_as_owner(Item& it) {
   cache_->release(it.slot);  // the entry completes with the write-through
 }
 
-void LoadQueue::dump_ready(Item& it, uint64_t started) {
+bool LoadQueue::dump_ready(Item& it) {
   const TaskEntry& e = it.task->entries()[it.index];
   for (;;) {
     WriteClaim wc = WriteClaim::kStored;
     uint32_t sw = 0;
     const Result r = cache_->claim_write(it.slot, &wc, &sw);
     if (r != Result::kOk) {
-      add(ctr_->wait_ns, now_ns() - started);
+      add(ctr_->wait_ns, now_ns() - it.started);
       fail_item(it, r, key_text(e.key) + ": " + last_error());
-      return;
+      return true;
     }
     if (wc != WriteClaim::kBeingWritten) {
-      add(ctr_->wait_ns, now_ns() - started);
+      add(ctr_->wait_ns, now_ns() - it.started);
       if (wc == WriteClaim::kWriter) start_write(it.task, it.index, it.slot);  // completes the entry
       else it.task->entry_ok();
       cache_->release(it.slot);
-      return;
+      return true;
     }
     // Another write of these bytes is in flight (or ours, from an earlier
-    // task): its outcome is ours.
-    if (await_write(it, sw, started)) return;
+    // task): its outcome is ours. The copier waits on its stored word with
+    // its other entries, never in place (a hung store held every entry
+    // behind this one until this one's deadline).
+    it.on_stored = true;
+    it.stored_seen = sw;
+    const Look l = stored_outcome(it);
+    if (l != Look::kReady) return l == Look::kEnded;
     // NotStored: its writer died; claim the write ourselves.
   }
 }
 
-bool LoadQueue::await_write(Item& it, uint32_t sw, uint64_t started) {
+LoadQueue::Look LoadQueue::stored_outcome(Item& it) {
   const TaskEntry& e = it.task->entries()[it.index];
-  for (;;) {
+  uint32_t sw = cache_->stored_word(it.slot);
+  if (((sw ^ it.stored_seen) & ~kStoredWaiters) == 0) {
     if (stopping()) {
       fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while it was written through");
-      return true;
+      return Look::kEnded;
     }
-    const uint64_t until = std::min(it.task->deadline_ns(), now_ns() + kStopCheckNs);
-    uint32_t now_sw = sw;
-    const Result wr = cache_->wait_store_change(it.slot, sw, until, &now_sw);
-    if (wr == Result::kTimeout) {
-      if (now_ns() < it.task->deadline_ns()) continue;
-      add(ctr_->wait_ns, now_ns() - started);
+    if (now_ns() < it.task->deadline_ns()) return Look::kWaiting;
+    // The last look: at a passed deadline this reaps a dead writer and reads once more.
+    if (cache_->wait_store_change(it.slot, it.stored_seen, it.task->deadline_ns(), &sw) != Result::kOk) {
+      add(ctr_->wait_ns, now_ns() - it.started);
       fail_item(it, Result::kTimeout,
-                key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(sw)) +
+                key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(it.stored_seen)) +
                     " did not end by the task's deadline");
-      return true;
+      return Look::kEnded;
     }
-    if (wr != Result::kOk) {
-      fail_item(it, wr, key_text(e.key) + ": " + last_error());
-      return true;
-    }
-    const StoreState st = static_cast<StoreState>(now_sw & kStoredStateMask);
-    if (st == StoreState::kWriting) {  // a new writer took over a dead one's write
-      sw = now_sw;
-      continue;
-    }
-    if (st == StoreState::kWriteFailed) {
-      add(ctr_->wait_ns, now_ns() - started);
+  }
+  it.on_stored = false;
+  switch (static_cast<StoreState>(sw & kStoredStateMask)) {
+    case StoreState::kWriting:  // a new writer took over a dead one's write
+      it.on_stored = true;
+      it.stored_seen = sw;
+      return Look::kWaiting;
+    case StoreState::kWriteFailed:
+      add(ctr_->wait_ns, now_ns() - it.started);
       add(ctr_->failed_shards, 1);
       cache_->release(it.slot);
       it.task->entry_failed(it.index, Result::kBackend,
-                            key_text(e.key) + ": local rank " + std::to_string(stored_writer(now_sw)) +
+                            key_text(e.key) + ": local rank " + std::to_string(stored_writer(sw)) +
                                 "'s write-through failed (the store did not take the bytes)");
-      return true;
-    }
-    if (st == StoreState::kStored) {
-      add(ctr_->wait_ns, now_ns() - started);
+      return Look::kEnded;
+    case StoreState::kStored:
+      add(ctr_->wait_ns, now_ns() - it.started);
       cache_->release(it.slot);
       it.task->entry_ok();
-      return true;
-    }
-    return false;  // NotStored: its writer died
+      return Look::kEnded;
+    default:
+      return Look::kReady;  // NotStored: its writer died
   }
 }
 

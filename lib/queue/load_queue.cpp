@@ -748,14 +748,14 @@ void LoadQueue::copier_main() {
   // their words changes, bounded by the earliest deadline and the liveness
   // slice. So a hung key holds back only the task that contains it.
   std::vector<Item> waiting;
-  std::vector<uint32_t> slots, words;
+  WaitLists lists;
   while (take_items(&waiting)) {
     const uint64_t next_expiry = expire_due_ios();
     if (serve_round(&waiting) || waiting.empty()) continue;
     // Nothing moved: sleep until one of them may have. A copy in flight
     // lands first (nothing rings the bell for it).
     retire_copies(0);
-    sleep_on_waiting(waiting, next_expiry, &slots, &words);
+    sleep_on_waiting(waiting, next_expiry, &lists);
   }
   retire_copies(0);
 }
@@ -822,8 +822,7 @@ bool LoadQueue::serve_round(std::vector<Item>* waiting) {
   return moved;
 }
 
-void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, std::vector<uint32_t>* slots,
-                                 std::vector<uint32_t>* words) {
+void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, WaitLists* l) {
   copier_asleep_.store(true, std::memory_order_seq_cst);
   const uint32_t bell = cache_->bell();
   bool fresh = false;
@@ -832,20 +831,26 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
     fresh = stopping_ || !items_.empty();
   }
   if (!fresh) {
-    slots->clear();
-    words->clear();
+    l->slots.clear();
+    l->words.clear();
+    l->stored_slots.clear();
+    l->stored_seen.clear();
     uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
     for (const Item& it : waiting) {
+      until = std::min(until, it.task->deadline_ns());
       if (it.slotless) {  // no word to wait on: its next look for a slot bounds the sleep
         until = std::min(until, it.next_look_ns);
-        continue;
+      } else if (it.on_stored) {  // a dump waiting for another write-through's outcome
+        l->stored_slots.push_back(it.slot);
+        l->stored_seen.push_back(it.stored_seen);
+      } else {
+        l->slots.push_back(it.slot);
+        l->words.push_back(it.word);
       }
-      slots->push_back(it.slot);
-      words->push_back(it.word);
-      until = std::min(until, it.task->deadline_ns());
     }
     UCM_TRACE(TraceRange::kWaitReady);
-    (void)cache_->wait_any(slots->data(), words->data(), slots->size(), bell, until);
+    (void)cache_->wait_any(l->slots.data(), l->words.data(), l->slots.size(), bell, until, l->stored_slots.data(),
+                           l->stored_seen.data(), l->stored_slots.size());
   }
   copier_asleep_.store(false, std::memory_order_relaxed);
 }
@@ -854,39 +859,6 @@ void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {
   cache_->release(it.slot);
   add(ctr_->failed_shards, 1);
   it.task->entry_failed(it.index, r, why);
-}
-
-bool LoadQueue::await_change(Item& it, uint32_t* w, uint64_t started) {
-  // Idle with an owner: somebody (maybe us) is filling it. Sleep on the word.
-  const TaskEntry& e = it.task->entries()[it.index];
-  if (stopping()) {
-    fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
-    return false;
-  }
-  const uint64_t next_expiry = expire_due_ios();
-  const uint64_t until = std::min({it.task->deadline_ns(), next_expiry, now_ns() + kStopCheckNs});
-  uint32_t now_word = *w;
-  UCM_TRACE(TraceRange::kWaitReady);
-  const Result r = cache_->wait_for_change(it.slot, *w, until, &now_word);
-  if (r == Result::kOk) {
-    *w = now_word;
-  } else if (r == Result::kTimeout) {
-    if (now_ns() >= it.task->deadline_ns()) {
-      // Our own load of it, if any, expires first: its slot goes, its depth comes back.
-      (void)expire_due_ios();
-      add(ctr_->wait_ns, now_ns() - started);
-      fail_item(it, Result::kTimeout,
-                key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(*w).owner()) +
-                    " at the task's deadline");
-      return false;
-    }
-    // A piece of the wait ended (wait_for_change looked at the owner's
-    // liveness before it returned); wait again.
-  } else {
-    fail_item(it, r, key_text(e.key) + ": " + last_error());
-    return false;
-  }
-  return true;
 }
 
 std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
@@ -924,21 +896,10 @@ bool LoadQueue::drop_lost_slot(Item& it, uint64_t started) {
     fail_slotless(it, started, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
     return false;
   }
-  return true;
-}
-
-bool LoadQueue::regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind) {
-  if (!drop_lost_slot(it, started)) return false;
-  const TaskEntry& e = it.task->entries()[it.index];
-  GetResult g;
-  const Result r = get_with_backpressure(e.key, *it.task, &g);
-  if (r != Result::kOk) {
-    fail_slotless(it, started, r, key_text(e.key) + ": " + last_error());
-    return false;
-  }
-  it.slot = g.slot;
-  *w = g.word;
-  *kind = g.kind;
+  it.slotless = true;  // look_for_slot gets the key again
+  it.space_since = 0;
+  it.next_look_ns = 0;
+  it.space_step_ns = 0;
   return true;
 }
 
@@ -954,11 +915,8 @@ bool LoadQueue::load_as_owner(Item& it, uint32_t* w) {
 }
 
 bool LoadQueue::process(Item& it) {
-  if (it.task->kind() == TaskKind::kDump) {
-    process_dump(it);  // may wait on its one slot (bounded by the task's deadline)
-    return true;
-  }
   if (it.started == 0) it.started = now_ns();
+  if (it.task->kind() == TaskKind::kDump) return process_dump(it);
   // Fresh: the item holds a reference, so the slot's word speaks for its key.
   uint32_t w = it.slotless ? 0 : cache_->word(it.slot);
   const Look look = await_ready(it, &w);
@@ -992,12 +950,7 @@ bool LoadQueue::retry_load(Item& it, uint32_t* w) {
     // Its load was abandoned at its deadline: the key, not the slot, is taken
     // over. The copier never waits for space here (look_for_slot): the only
     // slot that could free may be one it holds for an entry it has yet to copy.
-    if (!drop_lost_slot(it, it.started)) return false;
-    it.slotless = true;
-    it.space_since = 0;
-    it.next_look_ns = 0;
-    it.space_step_ns = 0;
-    return true;
+    return drop_lost_slot(it, it.started);
   }
   if (SlotView(*w).state() == State::kFailed && ++it.failures > opts_.load_retries) {
     std::string why;

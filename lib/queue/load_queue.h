@@ -177,6 +177,15 @@ class LoadQueue {
     uint64_t space_since = 0;    // the first NoSpace of that get
     uint64_t next_look_ns = 0;
     uint64_t space_step_ns = 0;  // the bound of the current pause between looks
+    // A dump whose bytes another write-through has in flight: it waits for
+    // the slot's stored word to leave stored_seen (stored_outcome).
+    bool on_stored = false;
+    uint32_t stored_seen = 0;
+  };
+  // What the copier sleeps on (sleep_on_waiting): its entries' slot words and
+  // its dumps' stored words, reused from round to round.
+  struct WaitLists {
+    std::vector<uint32_t> slots, words, stored_slots, stored_seen;
   };
   struct Copy {
     std::shared_ptr<Task> task;
@@ -217,7 +226,7 @@ class LoadQueue {
   void defer_sleep(DeferSpan* span, uint32_t bell, uint64_t grace_end);
   void defer_end(const DeferSpan& span);
   // One wait for a free slot (get_with_backpressure, prealloc_next; the
-  // dispatcher's, or the copier's in regain): announced
+  // dispatcher's; the copier never waits for space, look_for_slot): announced
   // on the node's space_waiting mask at its first NoSpace; its sleep's
   // bound doubles while no ring comes (space_bell.h).
   struct SpaceWait {
@@ -272,15 +281,13 @@ class LoadQueue {
   // This rank owns the entry's slot now: start its load. False when that
   // failed (the slot is marked Failed and the entry failed).
   bool load_as_owner(Item& it, uint32_t* w);
-  void process_dump(Item& it);
-  void dump_ready(Item& it, uint64_t started);
-  // Waits for the slot's word to change from *w; false when the item failed.
-  bool await_change(Item& it, uint32_t* w, uint64_t started);
-  // The item's slot lost its key (its load was abandoned): releases it and
-  // gets the key again; false when the item failed instead. The dump path's:
-  // it waits for space (get_with_backpressure).
-  bool regain(Item& it, uint32_t* w, uint64_t started, GetKind* kind);
-  // regain's first half: releases the slot that lost its key; false when the
+  // A dump entry's look (process): true when it ended, false while it waits
+  // (on its slot's word, its stored word, or for a slot).
+  bool process_dump(Item& it);
+  // The slot is Ready: write it through, or wait for the write in flight.
+  bool dump_ready(Item& it);
+  // The item's slot lost its key (its load was abandoned): releases it, and
+  // the item is slotless (look_for_slot gets the key again); false when the
   // item failed instead (its deadline, its retries, the queue stopping).
   bool drop_lost_slot(Item& it, uint64_t started);
   // Fails an entry that holds no slot (fail_item releases one).
@@ -307,8 +314,7 @@ class LoadQueue {
   // One look at every waiting entry; true when any of them moved.
   bool serve_round(std::vector<Item>* waiting);
   // Sleeps on the doorbell until a waiting entry's word may have changed.
-  void sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, std::vector<uint32_t>* slots,
-                        std::vector<uint32_t>* words);
+  void sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, WaitLists* lists);
   // A load entry's look at its slot (process): Ready (copy it), waiting with
   // the copier's other entries (it.word set), or ended (failed).
   enum class Look : uint8_t { kReady, kWaiting, kEnded };
@@ -320,7 +326,7 @@ class LoadQueue {
   // item, never a wait for space, so that the copier serves its other entries
   // meanwhile. True when the item holds a slot again (*w its word; as owner,
   // its load started); otherwise *look says kWaiting (it.next_look_ns set)
-  // or kEnded (failed).
+  // or kEnded (failed, or a dump's owner that wrote the bytes through).
   bool look_for_slot(Item& it, uint32_t* w, Look* look);
   // The rule of look_for_slot's get: the task's relax floor, relaxed by how
   // long the get has waited for space since `since` (0: its first look).
@@ -341,10 +347,11 @@ class LoadQueue {
   // This rank owns the entry's slot: fill it from the caller's bytes and
   // write them through (the entry completes with the write).
   void dump_as_owner(Item& it);
-  // Waits for the write-through in flight (stored word sw) to end and
-  // completes the entry with its outcome: true; false when its writer died
-  // first (the write is to be claimed again).
-  bool await_write(Item& it, uint32_t sw, uint64_t started);
+  // One look at the write-through in flight (it.stored_seen): kEnded when
+  // the entry completed with its outcome (or its deadline, or the stop),
+  // kWaiting while it is in flight, kReady when its writer died first (the
+  // write is to be claimed again).
+  Look stored_outcome(Item& it);
 
   CacheBuffer* cache_;
   Backend* backend_;
@@ -378,8 +385,8 @@ class LoadQueue {
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
-  // Threads of this rank waiting for space (the dispatcher, the copier's
-  // regain): the rank's bit in space_waiting stays while any does; stop() rings.
+  // This rank's waits for space in progress (the dispatcher's; the copier
+  // never waits for space): the rank's bit in space_waiting stays while any does; stop() rings.
   std::atomic<uint32_t> space_waiters_{0};
   std::mutex space_mu_;  // the count and the rank's bit change together under it
   std::atomic<uint64_t> handoffs_{0};

@@ -50,8 +50,8 @@ uint64_t next_relax_ns(const Task& t, uint64_t since, ProtectRelax now_at) {
 
 LoadQueue::SpaceWait::~SpaceWait() {
   if (!announced) return;
-  // The rank's bit stays while any thread of ours waits (the dispatcher, the
-  // copier's regain): the count and the bit change together.
+  // The rank's bit stays while any wait of ours is in progress (the
+  // dispatcher's): the count and the bit change together.
   std::lock_guard<std::mutex> g(q->space_mu_);
   if (q->space_waiters_.fetch_sub(1, std::memory_order_seq_cst) == 1) space_wait_end(q->cache_->ctrl(), q->opts_.local_rank);
 }
@@ -151,7 +151,11 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
     it.slot = g.slot;
     *w = g.word;
     if (g.kind != GetKind::kOwner) return true;
-    if (load_as_owner(it, w)) return true;
+    if (t.kind() == TaskKind::kDump) {
+      dump_as_owner(it);  // the entry completes with its write-through
+    } else if (load_as_owner(it, w)) {
+      return true;
+    }
     *look = Look::kEnded;
     return false;
   }

@@ -28,6 +28,7 @@
 #include "common/mp_util.h"
 #include "common/test_util.h"
 #include "mp/queue_rank.h"
+#include "queue/counters.h"
 #include "queue/load_queue.h"
 
 namespace ucm::test {
@@ -153,6 +154,165 @@ TEST(CopierSpace, AnEntryWaitingForAFreeSlotDoesNotHoldBackTheCopiesOfOthers) {
   EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
   std::printf("[CopierSpace] task C (deadline %llu ms) ended at %llu ms\n",
               static_cast<unsigned long long>(kTaskCMs), static_cast<unsigned long long>(sh->c_ms.load()));
+}
+
+// A dump of a key whose write-through another rank has in flight waits for
+// that write's outcome; the copier used to wait for it in place (await_write),
+// up to the dump's deadline, and every entry behind it waited too. Rank 1 (a
+// bare CacheBuffer) fills K and marks it Ready for its write-through, which
+// never ends until told (a hung store). Rank 0 dumps K (deadline 20 s), then
+// loads Y (6 s) from its sim store: the load is copied at once now; before,
+// it ended with the dump, past its own deadline.
+constexpr uint64_t kTaskDumpMs = 20000;
+constexpr uint64_t kTaskLoadMs = 6000;
+
+Key k_key() { return key(93101, 0); }
+Key y_key() { return key(93102, 0); }
+
+struct DumpShared {
+  ShmSignal writing;   // rank 1's write-through of K is in flight
+  ShmSignal l_ended;   // rank 0's load ended (in time or not)
+  ShmSignal finished;  // rank 0 is done
+  std::atomic<uint32_t> k_slot{0};
+  std::atomic<uint64_t> l_ms{0};
+};
+
+void write_forever(const TestCache& parent, DumpShared* sh) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 1;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  uint32_t k = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, k_key(), &k));
+  fill_pattern(cb.data_at(k), kShardBytes, k_key());
+  ASSERT_EQ(cb.mark_ready_for_write(k), Result::kOk) << last_error();
+  sh->k_slot.store(k);
+  sh->writing.set(1);
+  ASSERT_TRUE(sh->l_ended.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_EQ(cb.finish_write(k, true), Result::kOk) << last_error();
+  cb.release(k);
+  ASSERT_TRUE(sh->finished.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  mine.ctrl.leave(1);
+}
+
+void dump_then_load(const TestCache& parent, DumpShared* sh) {
+  ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> src(kShardBytes), dst(kShardBytes, 0xee);
+  fill_pattern(src.data(), kShardBytes, k_key());
+  std::vector<TaskEntry> de(1);
+  de[0].key = k_key();
+  de[0].src = src.data();
+  auto d = std::make_shared<Task>(1, TaskKind::kDump, de, deadline_after_ms(kTaskDumpMs));
+  const uint64_t t0 = now_ns();
+  ASSERT_EQ(me.queue->submit(d), Result::kOk) << last_error();
+  // The dispatcher found K being written and pinned it for the copier.
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (ctrl.pin(0, sh->k_slot.load()).load() == 0 && now_ns() < until) usleep(200);
+  ASSERT_GE(ctrl.pin(0, sh->k_slot.load()).load(), 1u);
+  auto l = load_task(2, y_key(), dst.data(), kTaskLoadMs);
+  ASSERT_EQ(me.queue->submit(l), Result::kOk) << last_error();
+  const bool l_in_time = l->wait_until(l->deadline_ns());
+  sh->l_ms.store((now_ns() - t0) / 1'000'000);
+  sh->l_ended.set(1);
+  EXPECT_TRUE(l_in_time) << "the load ended past its deadline: the copier waited for a peer's write-through instead";
+  ASSERT_TRUE(l->wait_until(deadline_after_ms(kDeadlineMs))) << "the load hung";
+  EXPECT_EQ(l->result(), Result::kOk) << l->error();
+  EXPECT_EQ(sim_verify(y_key(), dst.data(), kShardBytes), kShardBytes);
+  ASSERT_TRUE(d->wait_until(deadline_after_ms(kDeadlineMs))) << "the dump hung";
+  EXPECT_EQ(d->result(), Result::kOk) << d->error();
+  sh->finished.set(1);
+  me.close(0);
+}
+
+TEST(CopierDump, ADumpWaitingForAPeersWriteThroughDoesNotHoldBackALoad) {
+  TestCache tc;
+  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  Shared<DumpShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { write_forever(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { dump_then_load(tc, sh.get()); });
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  std::printf("[CopierDump] the load (deadline %llu ms) ended at %llu ms\n",
+              static_cast<unsigned long long>(kTaskLoadMs), static_cast<unsigned long long>(sh->l_ms.load()));
+}
+
+// The same wait when the writer dies: the copier's sleep on the doorbell
+// ends each liveness slice, finds the writer dead (recovery makes the write
+// NotStored without ringing), and the dump writes the bytes itself.
+struct KilledShared {
+  ShmSignal writing;  // rank 1's write-through of K is in flight
+  ShmSignal waiting;  // rank 0's dump waits for it
+  std::atomic<uint32_t> k_slot{0};
+  std::atomic<uint64_t> dumps{0};
+  std::atomic<uint32_t> stored{0};
+};
+
+void write_then_die(const TestCache& parent, KilledShared* sh) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 1;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  uint32_t k = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, k_key(), &k));
+  fill_pattern(cb.data_at(k), kShardBytes, k_key());
+  ASSERT_EQ(cb.mark_ready_for_write(k), Result::kOk) << last_error();
+  cb.add_pin(k);  // the write's own pin
+  sh->k_slot.store(k);
+  sh->writing.set(1);
+  for (;;) pause();  // until SIGKILL
+}
+
+void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh) {
+  ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> src(kShardBytes);
+  fill_pattern(src.data(), kShardBytes, k_key());
+  std::vector<TaskEntry> de(1);
+  de[0].key = k_key();
+  de[0].src = src.data();
+  auto d = std::make_shared<Task>(1, TaskKind::kDump, de, deadline_after_ms(kTaskDumpMs));
+  ASSERT_EQ(me.queue->submit(d), Result::kOk) << last_error();
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint32_t k = sh->k_slot.load();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (!(ctrl.stored(k).load() & kStoredWaiters) && now_ns() < until) usleep(200);
+  ASSERT_TRUE(ctrl.stored(k).load() & kStoredWaiters) << "rank 0 never waited for rank 1's write-through";
+  sh->waiting.set(1);
+  EXPECT_TRUE(d->wait_until(d->deadline_ns())) << "the dump did not end by its deadline after its writer died";
+  ASSERT_TRUE(d->wait_until(deadline_after_ms(kDeadlineMs))) << "the dump hung";
+  EXPECT_EQ(d->result(), Result::kOk) << d->error();
+  sh->dumps.store(queue_counters(ctrl.rank(0)).dumps.load());
+  sh->stored.store(static_cast<uint32_t>(stored_state(ctrl.stored(k).load(), ctrl.slot(k).word.load())));
+  me.close(0);
+}
+
+TEST(CopierDump, ADumpWaitingForAKilledWritersWriteThroughWritesTheBytesItself) {
+  TestCache tc;
+  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  Shared<KilledShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { write_then_die(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { dump_past_a_dead_writer(tc, sh.get()); });
+  ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ch.kill_now(r1);
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(sh->dumps.load(), 1u) << "rank 0 wrote the dead writer's bytes through itself";
+  EXPECT_EQ(sh->stored.load(), static_cast<uint32_t>(StoreState::kStored));
 }
 
 }  // namespace
