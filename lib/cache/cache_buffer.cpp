@@ -640,35 +640,33 @@ namespace {
 bool stored_changed(uint32_t v, uint32_t seen) { return ((v ^ seen) & ~kStoredWaiters) != 0; }
 }  // namespace
 
-bool CacheBuffer::any_changed(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
-                              const uint32_t* stored_seen, size_t m) const {
+bool CacheBuffer::any_changed(const WaitSet& ws) const {
   const BufferCtrl& c = *ctrl_;
-  for (size_t i = 0; i < n; ++i)
-    if (word_changed(c.slot(slots[i]).word.load(std::memory_order_seq_cst), words[i])) return true;
-  for (size_t j = 0; j < m; ++j)
-    if (stored_changed(c.stored(stored_slots[j]).load(std::memory_order_seq_cst), stored_seen[j])) return true;
+  for (size_t i = 0; i < ws.n; ++i)
+    if (word_changed(c.slot(ws.slots[i]).word.load(std::memory_order_seq_cst), ws.words[i])) return true;
+  for (size_t j = 0; j < ws.m; ++j)
+    if (stored_changed(c.stored(ws.stored_slots[j]).load(std::memory_order_seq_cst), ws.stored_seen[j])) return true;
   return false;
 }
 
-bool CacheBuffer::arm_waiters(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
-                              const uint32_t* stored_seen, size_t m) const {
+bool CacheBuffer::arm_waiters(const WaitSet& ws) const {
   // Each word's waiters bit, so that its next change rings the bell; true
   // when one has changed already.
   const BufferCtrl& c = *ctrl_;
-  for (size_t i = 0; i < n; ++i) {
-    std::atomic<uint32_t>& word = c.slot(slots[i]).word;
+  for (size_t i = 0; i < ws.n; ++i) {
+    std::atomic<uint32_t>& word = c.slot(ws.slots[i]).word;
     uint32_t w = word.load(std::memory_order_seq_cst);  // [A2]
     for (;;) {
-      if (word_changed(w, words[i])) return true;
+      if (word_changed(w, ws.words[i])) return true;
       if (word_has_waiters(w)) break;
       if (word.compare_exchange_weak(w, word_with_waiters(w), std::memory_order_seq_cst)) break;  // T9 [W]
     }
   }
-  for (size_t j = 0; j < m; ++j) {
-    std::atomic<uint32_t>& sw = c.stored(stored_slots[j]);
+  for (size_t j = 0; j < ws.m; ++j) {
+    std::atomic<uint32_t>& sw = c.stored(ws.stored_slots[j]);
     uint32_t v = sw.load(std::memory_order_seq_cst);
     for (;;) {
-      if (stored_changed(v, stored_seen[j])) return true;
+      if (stored_changed(v, ws.stored_seen[j])) return true;
       if (v & kStoredWaiters) break;
       if (sw.compare_exchange_weak(v, v | kStoredWaiters, std::memory_order_seq_cst)) break;
     }
@@ -676,44 +674,69 @@ bool CacheBuffer::arm_waiters(const uint32_t* slots, const uint32_t* words, size
   return false;
 }
 
-Result CacheBuffer::wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
-                             uint64_t deadline_ns, const uint32_t* stored_slots, const uint32_t* stored_seen,
-                             size_t m) {
+void CacheBuffer::check_waited_on(WaitSet* ws, uint64_t deadline_ns) {
+  const uint64_t now = now_ns();
+  if (ws->next_check_ns == 0) ws->next_check_ns = now + slice_ns_;
+  if (now < ws->next_check_ns) return;
+  ws->next_check_ns = now + slice_ns_;
+  // The ranks we wait on: owners filling a slot, writers of a write-through
+  // (each looked at once: a look reads /proc). Recovery turns a dead owner's
+  // load Failed and a dead writer's write NotStored; it rings nobody.
   const BufferCtrl& c = *ctrl_;
-  for (size_t i = 0; i < n; ++i)
-    if (slots[i] >= c.total_slots())
-      return fail(Result::kInvalidArg, "wait_any: slot %u >= %u slots", slots[i], c.total_slots());
-  for (size_t j = 0; j < m; ++j)
-    if (stored_slots[j] >= c.total_slots())
-      return fail(Result::kInvalidArg, "wait_any: stored slot %u >= %u slots", stored_slots[j], c.total_slots());
+  uint32_t ranks = 0;
+  for (size_t i = 0; i < ws->n; ++i) {
+    const uint32_t w = c.slot(ws->slots[i]).word.load(std::memory_order_acquire);
+    const uint32_t owner = word_owner(w);
+    if (word_state(w) == State::kIdle && owner != kNoOwner && owner != opts_.rank && owner < kMaxRanks)
+      ranks |= 1u << owner;
+  }
+  for (size_t j = 0; j < ws->m; ++j) {
+    const uint32_t v = c.stored(ws->stored_slots[j]).load(std::memory_order_acquire);
+    const uint32_t writer = stored_writer(v);
+    if (static_cast<StoreState>(v & kStoredStateMask) == StoreState::kWriting && writer != opts_.rank &&
+        writer < kMaxRanks)
+      ranks |= 1u << writer;
+  }
+  for (uint32_t r = 0; r < kMaxRanks; ++r) {
+    if (!((ranks >> r) & 1u) || c.rank_alive(r)) continue;
+    (void)reap_dead_ranks(c, opts_.rank, nullptr, reap_deadline(deadline_ns));  // every dead rank at once
+    return;
+  }
+}
+
+Result CacheBuffer::wait_any(WaitSet* ws, uint32_t bell_seen, uint64_t deadline_ns) {
+  const BufferCtrl& c = *ctrl_;
+  for (size_t i = 0; i < ws->n; ++i)
+    if (ws->slots[i] >= c.total_slots())
+      return fail(Result::kInvalidArg, "wait_any: slot %u >= %u slots", ws->slots[i], c.total_slots());
+  for (size_t j = 0; j < ws->m; ++j)
+    if (ws->stored_slots[j] >= c.total_slots())
+      return fail(Result::kInvalidArg, "wait_any: stored slot %u >= %u slots", ws->stored_slots[j], c.total_slots());
   const uint64_t now = now_ns();
   if (now >= deadline_ns) return fail(Result::kTimeout, "wait_any: the deadline has passed");
-  const uint64_t until = std::min(deadline_ns, now + slice_ns_);
+  check_waited_on(ws, deadline_ns);
+  const uint64_t until = std::min({deadline_ns, now + slice_ns_, ws->next_check_ns});
   if (opts_.wait == WaitMode::kPoll) {
     // The legacy waiter: lock, read, unlock each, then sleep. (Stored words
     // are read as they are: the legacy path had no write-through to wait for.)
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < ws->n; ++i) {
       uint32_t w = 0;
-      UCM_CHECK(poll_once(slots[i], deadline_ns, &w));
-      if (word_changed(w, words[i])) return Result::kOk;
+      UCM_CHECK(poll_once(ws->slots[i], deadline_ns, &w));
+      if (word_changed(w, ws->words[i])) return Result::kOk;
     }
-    if (any_changed(nullptr, nullptr, 0, stored_slots, stored_seen, m)) return Result::kOk;
-    sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, until - now));
-    return Result::kOk;
+    WaitSet stored_only = *ws;
+    stored_only.n = 0;
+    if (any_changed(stored_only)) return Result::kOk;
+    sleep_for_ns(std::min<uint64_t>(opts_.poll_interval_ms * 1000000ull, until > now ? until - now : 0));
+  } else {
+    if (arm_waiters(*ws)) return Result::kOk;
+    std::atomic<uint32_t>& bell = c.globals().bell;
+    if (bell.load(std::memory_order_seq_cst) != bell_seen) return Result::kOk;
+    if (any_changed(*ws)) return Result::kOk;
+    (void)futex_wait(&bell, bell_seen, until);
   }
-  if (arm_waiters(slots, words, n, stored_slots, stored_seen, m)) return Result::kOk;
-  std::atomic<uint32_t>& bell = c.globals().bell;
-  if (bell.load(std::memory_order_seq_cst) != bell_seen) return Result::kOk;
-  if (any_changed(slots, words, n, stored_slots, stored_seen, m)) return Result::kOk;
-  (void)futex_wait(&bell, bell_seen, until);
-  if (now_ns() >= until) {
-    // A silent slice: are the ranks we wait on still there? (Recovery turns
-    // a dead owner's load Failed, and a dead writer's write NotStored; it
-    // does not ring the bell.)
-    for (size_t i = 0; i < n; ++i) note_waited_on(c.slot(slots[i]).word.load(std::memory_order_acquire), deadline_ns);
-    for (size_t j = 0; j < m; ++j) note_writer(c.stored(stored_slots[j]).load(std::memory_order_acquire), deadline_ns);
-    if (now_ns() >= deadline_ns) return fail(Result::kTimeout, "wait_any: nothing changed by the deadline");
-  }
+  check_waited_on(ws, deadline_ns);
+  if (now_ns() >= deadline_ns) return fail(Result::kTimeout, "wait_any: nothing changed by the deadline");
   return Result::kOk;
 }
 

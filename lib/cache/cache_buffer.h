@@ -208,16 +208,39 @@ class CacheBuffer {
   // words to wait on, then wait_any() on what was read.
   uint32_t bell() const { return ctrl_->globals().bell.load(std::memory_order_seq_cst); }
   void ring_bell() const;
-  // Sleeps until a slot's word differs from its words[i] (in substance), a
-  // stored word (the write-through's, layout.h) differs from its
-  // stored_seen[j], the bell moves from `bell_seen`, or the deadline
-  // (kTimeout); sets the waiters bit of each word first (finish_write rings
-  // the bell for a stored word's waiters). Checks the owners' and the
-  // writers' liveness every slice. kOk tells the caller to look again; it may
-  // be spurious.
+  // What a thread waiting on many slots at once (the copier) waits on: slot
+  // words it saw (words[i] for slots[i]) and stored words (the write-through's,
+  // layout.h: stored_seen[j] for stored_slots[j]). It keeps the set from wait
+  // to wait, so that the liveness of the ranks it waits on is looked at every
+  // slice whatever rings in between.
+  struct WaitSet {
+    const uint32_t* slots = nullptr;
+    const uint32_t* words = nullptr;
+    size_t n = 0;
+    const uint32_t* stored_slots = nullptr;
+    const uint32_t* stored_seen = nullptr;
+    size_t m = 0;
+    uint64_t next_check_ns = 0;  // wait_any's: when the ranks waited on are looked at next
+  };
+  // Sleeps until a word of `ws` differs from what was seen (in substance), the
+  // bell moves from `bell_seen`, or the deadline (kTimeout); sets the waiters
+  // bit of each word first (finish_write rings the bell for a stored word's
+  // waiters). Once a slice has passed since the last look (ws->next_check_ns),
+  // rung or not, and in both wait modes, looks whether the owners and writers
+  // it waits on live, and reaps the dead (recovery rings nobody: a copier
+  // woken by other ranks' rings never saw a silent slice). kOk tells the
+  // caller to look again; it may be spurious.
+  [[nodiscard]] Result wait_any(WaitSet* ws, uint32_t bell_seen, uint64_t deadline_ns);
+  // The same for slot words alone, with a fresh set (its liveness looked at
+  // after a slice of this call).
   [[nodiscard]] Result wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
-                                uint64_t deadline_ns, const uint32_t* stored_slots = nullptr,
-                                const uint32_t* stored_seen = nullptr, size_t m = 0);
+                                uint64_t deadline_ns) {
+    WaitSet ws;
+    ws.slots = slots;
+    ws.words = words;
+    ws.n = n;
+    return wait_any(&ws, bell_seen, deadline_ns);
+  }
   // The slot's stored word now (acquire): its write-through's state.
   uint32_t stored_word(uint32_t slot) const { return ctrl_->stored(slot).load(std::memory_order_acquire); }
   // One more pin on a slot this rank already holds a reference to (a pin or
@@ -299,12 +322,12 @@ class CacheBuffer {
   Result poll_once(uint32_t slot, uint64_t deadline_ns, uint32_t* w);
   void note_waited_on(uint32_t w, uint64_t deadline_ns);
   void note_writer(uint32_t stored_word, uint64_t deadline_ns);
-  // wait_any's pieces: whether any word moved from what the caller saw; and
-  // the waiters bit set on each (true: one moved first).
-  bool any_changed(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
-                   const uint32_t* stored_seen, size_t m) const;
-  bool arm_waiters(const uint32_t* slots, const uint32_t* words, size_t n, const uint32_t* stored_slots,
-                   const uint32_t* stored_seen, size_t m) const;
+  // wait_any's pieces: whether any word moved from what the caller saw; the
+  // waiters bit set on each (true: one moved first); and, once a slice has
+  // passed, the liveness of the ranks waited on (each rank looked at once).
+  bool any_changed(const WaitSet& ws) const;
+  bool arm_waiters(const WaitSet& ws) const;
+  void check_waited_on(WaitSet* ws, uint64_t deadline_ns);
   uint64_t reap_deadline(uint64_t deadline_ns) const;
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;

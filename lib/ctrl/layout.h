@@ -70,8 +70,10 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 // so they never touch the bell. Pairs: the changer's word CAS precedes its
 // bell add; a sleeper that reads the bumped bell re-reads the word after it
 // and sees the change; one that read the bell before sleeps on a stale value
-// and returns at once. Recovery does not ring it: a sleeper also wakes every
-// liveness slice and looks again.
+// and returns at once. Recovery of a dead owner's load does not ring it: a
+// sleeper wakes every liveness slice, looks whether the ranks it waits on
+// live (every slice, whatever rang in between: CacheBuffer::wait_any) and
+// looks again.
 
 // ---- the stored word of a slot (stored[slot]) ---------------------------------
 // Whether the bytes of a Ready slot are in the backend store. Every local rank
@@ -105,8 +107,8 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 // by CAS and futex-waits on exactly the value it saw, or on the completion
 // doorbell beside its other words (a copier, as for SlotMeta.word above);
 // every transition out of Writing clears the bit and, if it was set, wakes
-// all and (the writer's own, finish_write) rings the doorbell; recovery's
-// does not, as above. A sleeper woken by
+// all and rings the doorbell (finish_write, and drop_rank_write for a writer
+// that left or died). A sleeper woken by
 // WriteFailed reports that write's failure; by NotStored it becomes the
 // writer (S2). A dumper that finds WriteFailed without having waited for it
 // writes again (S2): a dump never answers OK for bytes the store lacks.

@@ -104,7 +104,13 @@ inline void drop_rank_write(const BufferCtrl& c, uint32_t i, uint32_t rank_mask,
     if (sw.compare_exchange_weak(v, stored_make(StoreState::kNotStored, kNoOwner, stored_epoch(v)),
                                  std::memory_order_acq_rel)) {
       ++out->writes;
-      if (v & kStoredWaiters) futex_wake(&sw, kWakeAll);
+      if (v & kStoredWaiters) {
+        futex_wake(&sw, kWakeAll);
+        // A copier sleeps on the doorbell beside its other words (layout.h):
+        // a writer that leaves (or died) is seen at once, not a slice later.
+        c.globals().bell.fetch_add(1, std::memory_order_seq_cst);
+        futex_wake(&c.globals().bell, kWakeAll);
+      }
       return;
     }
   }

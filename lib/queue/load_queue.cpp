@@ -848,9 +848,14 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
         l->words.push_back(it.word);
       }
     }
+    l->set.slots = l->slots.data();
+    l->set.words = l->words.data();
+    l->set.n = l->slots.size();
+    l->set.stored_slots = l->stored_slots.data();
+    l->set.stored_seen = l->stored_seen.data();
+    l->set.m = l->stored_slots.size();
     UCM_TRACE(TraceRange::kWaitReady);
-    (void)cache_->wait_any(l->slots.data(), l->words.data(), l->slots.size(), bell, until, l->stored_slots.data(),
-                           l->stored_seen.data(), l->stored_slots.size());
+    (void)cache_->wait_any(&l->set, bell, until);
   }
   copier_asleep_.store(false, std::memory_order_relaxed);
 }
@@ -884,12 +889,14 @@ bool LoadQueue::drop_lost_slot(Item& it, uint64_t started) {
   it.slot = kNoSlot;
   if (now_ns() >= it.task->deadline_ns()) {
     fail_slotless(it, started, Result::kTimeout,
-                  key_text(e.key) + ": the store did not complete its load by the task's deadline");
+                  key_text(e.key) + ": the store did not complete its load by the task's deadline" +
+                      (it.task->kind() == TaskKind::kDump ? " (a load of the key the dump waited for)" : ""));
     return false;
   }
   if (++it.failures > opts_.load_retries) {
     fail_slotless(it, started, Result::kTimeout,
-                  key_text(e.key) + ": its load was abandoned at a deadline " + std::to_string(it.failures) + " times");
+                  key_text(e.key) + ": its load was abandoned at a deadline " + std::to_string(it.failures) + " times" +
+                      (it.task->kind() == TaskKind::kDump ? " (loads of the key the dump waited for)" : ""));
     return false;
   }
   if (stopping()) {

@@ -186,6 +186,7 @@ class LoadQueue {
   // its dumps' stored words, reused from round to round.
   struct WaitLists {
     std::vector<uint32_t> slots, words, stored_slots, stored_seen;
+    CacheBuffer::WaitSet set;  // over the vectors; its liveness timer runs from sleep to sleep
   };
   struct Copy {
     std::shared_ptr<Task> task;

@@ -245,9 +245,13 @@ TEST(CopierDump, ADumpWaitingForAPeersWriteThroughDoesNotHoldBackALoad) {
               static_cast<unsigned long long>(kTaskLoadMs), static_cast<unsigned long long>(sh->l_ms.load()));
 }
 
-// The same wait when the writer dies: the copier's sleep on the doorbell
-// ends each liveness slice, finds the writer dead (recovery makes the write
-// NotStored without ringing), and the dump writes the bytes itself.
+// The same wait when the writer dies: the copier looks at the liveness of
+// the ranks it waits on every slice, finds the writer dead (recovery makes the
+// write NotStored without ringing), and the dump writes the bytes itself. It
+// used to look only after a slice in which nothing rang the doorbell (never,
+// on a node whose other ranks work), and never in wait=poll: the dump then
+// found the dead writer at its deadline and failed with a timeout (a helper's
+// adversarial run; the other ranks' rings stand in for their work here).
 struct KilledShared {
   ShmSignal writing;  // rank 1's write-through of K is in flight
   ShmSignal waiting;  // rank 0's dump waits for it
@@ -273,13 +277,15 @@ void write_then_die(const TestCache& parent, KilledShared* sh) {
   for (;;) pause();  // until SIGKILL
 }
 
-void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh) {
+void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh, WaitMode mode) {
   ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
   QueueOptions qo;
   qo.local_size = 1;
   qo.prealloc = false;
-  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  CacheOptions co;
+  co.wait = mode;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, co, qo, kShardBytes, kDeadlineMs));
   std::vector<uint8_t> src(kShardBytes);
   fill_pattern(src.data(), kShardBytes, k_key());
   std::vector<TaskEntry> de(1);
@@ -290,8 +296,13 @@ void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh) {
   const BufferCtrl& ctrl = me.cache->ctrl();
   const uint32_t k = sh->k_slot.load();
   const uint64_t until = deadline_after_ms(kDeadlineMs);
-  while (!(ctrl.stored(k).load() & kStoredWaiters) && now_ns() < until) usleep(200);
-  ASSERT_TRUE(ctrl.stored(k).load() & kStoredWaiters) << "rank 0 never waited for rank 1's write-through";
+  // In wait=futex the copier's sleep sets the stored word's waiters bit; in
+  // wait=poll nothing shows, past the pin its dispatcher took for the copier.
+  auto waits = [&] {
+    return ctrl.pin(0, k).load() != 0 && (mode == WaitMode::kPoll || (ctrl.stored(k).load() & kStoredWaiters) != 0);
+  };
+  while (!waits() && now_ns() < until) usleep(200);
+  ASSERT_TRUE(waits()) << "rank 0 never waited for rank 1's write-through";
   sh->waiting.set(1);
   EXPECT_TRUE(d->wait_until(d->deadline_ns())) << "the dump did not end by its deadline after its writer died";
   ASSERT_TRUE(d->wait_until(deadline_after_ms(kDeadlineMs))) << "the dump hung";
@@ -301,18 +312,113 @@ void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh) {
   me.close(0);
 }
 
-TEST(CopierDump, ADumpWaitingForAKilledWritersWriteThroughWritesTheBytesItself) {
+// Rank 2 stands in for the node's other work: it rings the completion
+// doorbell every 5 ms, as every change of a word with waiters does.
+void ring_often(const TestCache& parent, ShmSignal* stop) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 2, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 2;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  while (stop->get() == 0) {
+    cb.ring_bell();
+    usleep(5000);
+  }
+  mine.ctrl.leave(2);
+}
+
+void run_killed_writer(WaitMode mode, bool rings) {
   TestCache tc;
-  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  make_cache(params(kSlots, 0, kShardBytes, 8, 3), &tc);
   Shared<KilledShared> sh;
+  Shared<ShmSignal> stop_rings;
   Children ch;
   const pid_t r1 = ch.spawn([&] { write_then_die(tc, sh.get()); });
-  const pid_t r0 = ch.spawn([&] { dump_past_a_dead_writer(tc, sh.get()); });
+  const pid_t r2 = rings ? ch.spawn([&] { ring_often(tc, stop_rings.get()); }) : 0;
+  const pid_t r0 = ch.spawn([&] { dump_past_a_dead_writer(tc, sh.get(), mode); });
   ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   ch.kill_now(r1);
   EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  stop_rings->set(1);
+  if (rings) {
+    EXPECT_EQ(ch.wait(r2, kDeadlineMs), 0);
+  }
   EXPECT_EQ(sh->dumps.load(), 1u) << "rank 0 wrote the dead writer's bytes through itself";
   EXPECT_EQ(sh->stored.load(), static_cast<uint32_t>(StoreState::kStored));
+}
+
+TEST(CopierDump, ADumpWaitingForAKilledWritersWriteThroughWritesTheBytesItself) {
+  run_killed_writer(WaitMode::kFutex, false);
+}
+
+TEST(CopierDump, AKilledWriterIsFoundWhileOtherRanksRingTheDoorbell) { run_killed_writer(WaitMode::kFutex, true); }
+
+TEST(CopierDump, AKilledWriterIsFoundInWaitPollMode) { run_killed_writer(WaitMode::kPoll, false); }
+
+// A load waiting for a killed owner's load, on a node whose other ranks
+// ring the doorbell: the copier finds the owner dead within a slice and takes
+// the load over (the gap above was there for loads too, since the doorbell).
+struct OwnerShared {
+  ShmSignal owning;  // rank 1 owns Z and never fills it
+  ShmSignal waiting; // rank 0's copier waits on it
+  std::atomic<uint32_t> z_slot{0};
+  std::atomic<uint32_t> result{~0u};
+};
+
+void own_then_die(const TestCache& parent, OwnerShared* sh) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 1;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  uint32_t z = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, z_key(), &z));
+  sh->z_slot.store(z);
+  sh->owning.set(1);
+  for (;;) pause();  // until SIGKILL
+}
+
+void load_past_a_dead_owner(const TestCache& parent, OwnerShared* sh) {
+  ASSERT_TRUE(sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> dst(kShardBytes, 0xee);
+  auto t = load_task(1, z_key(), dst.data(), kTaskBMs);
+  ASSERT_EQ(me.queue->submit(t), Result::kOk) << last_error();
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint32_t z = sh->z_slot.load();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  auto waits = [&] { return ctrl.pin(0, z).load() != 0 && word_has_waiters(ctrl.slot(z).word.load()); };
+  while (!waits() && now_ns() < until) usleep(200);
+  ASSERT_TRUE(waits()) << "rank 0's copier never waited on Z";
+  sh->waiting.set(1);
+  ASSERT_TRUE(t->wait_until(deadline_after_ms(kDeadlineMs))) << "the load hung";
+  sh->result.store(static_cast<uint32_t>(t->result()));
+  EXPECT_EQ(t->result(), Result::kOk) << t->error();
+  EXPECT_EQ(sim_verify(z_key(), dst.data(), kShardBytes), kShardBytes);
+  me.close(0);
+}
+
+TEST(CopierLoad, AKilledOwnerIsFoundWhileOtherRanksRingTheDoorbell) {
+  TestCache tc;
+  make_cache(params(kSlots, 0, kShardBytes, 8, 3), &tc);
+  Shared<OwnerShared> sh;
+  Shared<ShmSignal> stop_rings;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { own_then_die(tc, sh.get()); });
+  const pid_t r2 = ch.spawn([&] { ring_often(tc, stop_rings.get()); });
+  const pid_t r0 = ch.spawn([&] { load_past_a_dead_owner(tc, sh.get()); });
+  ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ch.kill_now(r1);
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  stop_rings->set(1);
+  EXPECT_EQ(ch.wait(r2, kDeadlineMs), 0);
+  EXPECT_EQ(sh->result.load(), static_cast<uint32_t>(Result::kOk)) << "the dead owner was found only at the deadline";
 }
 
 }  // namespace
