@@ -10,8 +10,10 @@
 // with host_copy, then again, `reps` times, each timing the best of 9 passes.
 // Printed per row: GB/s of each (median over the reps) and host_copy's rate
 // over memcpy's, median (lowest-highest) of the per-rep ratios, and the path
-// host_copy takes there. --check (suite bench) only checks the bytes of every
-// copy, never a time.
+// host_copy takes there (the vector loop wherever it applies: no calibration
+// here), then what the cache's calibration at init measures and keeps for
+// each size (device/host_copy.h). --check (suite bench) only checks the bytes
+// of every copy, never a time.
 #include <sys/mman.h>
 #include <time.h>
 
@@ -132,6 +134,18 @@ int main(int argc, char** argv) {
     std::printf("%7zu B %5zu %-7s %7.2f GB/s %7.2f GB/s  %.3f (%.3f-%.3f)\n", r.shard, r.skew, vec ? "vector" : "memcpy",
                 median(r.mem) / 1e9, median(r.host) / 1e9, median(r.ratio),
                 *std::min_element(r.ratio.begin(), r.ratio.end()), *std::max_element(r.ratio.begin(), r.ratio.end()));
+  }
+  // What ucm_cache_init measures for its shard size (host engine), and keeps:
+  // the rows above take the vector loop wherever it applies (no calibration).
+  std::printf("calibration (as ucm_cache_init runs it, into a +16 destination, in the CPU's caches):\n");
+  for (size_t shard : shards) {
+    const ucm::CopyCalibration c = ucm::calibrate_host_copy(shard);
+    if (c.bytes == 0) {
+      std::printf("%7zu B: not measured (memcpy at this size)\n", shard);
+      continue;
+    }
+    std::printf("%7zu B: vector loop %6.2f GB/s, memcpy %6.2f GB/s: keeps %s\n", shard, c.vector_gbs, c.memcpy_gbs,
+                c.vector ? "the vector loop" : "memcpy");
   }
   return 0;
 }

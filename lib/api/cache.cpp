@@ -17,6 +17,7 @@
 #include "common/time.h"
 #include "ctrl/departure.h"
 #include "ctrl/recovery.h"
+#include "device/host_copy.h"
 #include "queue/counters.h"
 #include "ucm_build_config.h"
 
@@ -158,6 +159,14 @@ Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
     device_id_ = ok(e) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
     device_choice_ = taken.why;
     UCM_CHECK(e);
+    if (engine_ && !engine_->checks_app_buffers()) {
+      // Copies into host memory: which copy wins between a slot and an
+      // app's misaligned buffer depends on the CPU (device/host_copy.h).
+      const CopyCalibration cc = calibrate_host_copy(config_.shard_bytes);
+      if (cc.bytes != 0)
+        UCM_INFO(kBoot, "host copy of %" PRIu64 "-byte shards into a misaligned buffer: %s (vector loop %.1f GB/s, "
+                 "memcpy %.1f GB/s)", cc.bytes, cc.vector ? "vector loop" : "memcpy", cc.vector_gbs, cc.memcpy_gbs);
+    }
     if (engine_ && config_.shard_bytes % engine_->alignment() != 0)
       return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
                   ", the alignment the %s copy engine of device %d needs",

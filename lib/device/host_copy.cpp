@@ -1,6 +1,12 @@
 #include "device/host_copy.h"
 
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -67,9 +73,77 @@ void vector_copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, sr
 
 #endif
 
+namespace {
+// Whether the vector loop beat memcpy here (calibrate_host_copy); read on
+// every copy, so relaxed: a copy that reads the old value is still right.
+std::atomic<bool> g_vector_preferred{true};
+std::mutex g_calibration_mu;
+CopyCalibration g_calibration;  // under g_calibration_mu
+
+double seconds_now() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+// One pass of `n` shards of `bytes` with `copy`, in seconds.
+template <typename F>
+double timed_pass(uint8_t* dst, const uint8_t* src, uint64_t bytes, size_t n, F copy) {
+  const double t0 = seconds_now();
+  for (size_t k = 0; k < n; ++k) copy(dst + k * bytes, src + k * bytes, bytes);
+  return seconds_now() - t0;
+}
+}  // namespace
+
+bool vector_copy_preferred() { return g_vector_preferred.load(std::memory_order_relaxed); }
+void set_vector_copy_preferred(bool vector) { g_vector_preferred.store(vector, std::memory_order_relaxed); }
+
+CopyCalibration host_copy_calibration() {
+  std::lock_guard<std::mutex> g(g_calibration_mu);
+  return g_calibration;
+}
+
+CopyCalibration calibrate_host_copy(uint64_t bytes) {
+  CopyCalibration c;
+  if (bytes < kVectorCopyMin || bytes > kVectorCopyMax || !vector_copy_available()) return c;
+  // In the CPU's caches, as the inline path's hot shards are: about 1 MiB
+  // (at least 4 shards), each pass well above the clock's resolution.
+  const size_t n = std::max<size_t>(4, (size_t{1} << 20) / bytes);
+  const size_t set = n * bytes;
+  void* s = mmap(nullptr, set, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* d = mmap(nullptr, set + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (s == MAP_FAILED || d == MAP_FAILED) {  // keep what was chosen before
+    if (s != MAP_FAILED) munmap(s, set);
+    if (d != MAP_FAILED) munmap(d, set + 4096);
+    return c;
+  }
+  auto* src = static_cast<uint8_t*>(s);
+  auto* dst = static_cast<uint8_t*>(d) + 16;  // malloc's large blocks: 16 bytes past a page
+  std::memset(src, 0x5c, set);
+  std::memset(dst, 0, set);
+  double best_memcpy = 1e9, best_vector = 1e9;
+  for (int pass = 0; pass < 8; ++pass) {  // interleaved: a busy moment hits both
+    best_memcpy = std::min(best_memcpy, timed_pass(dst, src, bytes, n, [](void* a, const void* b, size_t k) {
+                             std::memcpy(a, b, k);
+                           }));
+    best_vector = std::min(best_vector, timed_pass(dst, src, bytes, n, &vector_copy));
+  }
+  munmap(s, set);
+  munmap(d, set + 4096);
+  c.bytes = bytes;
+  c.memcpy_gbs = best_memcpy > 0 ? double(set) / best_memcpy / 1e9 : 0;
+  c.vector_gbs = best_vector > 0 ? double(set) / best_vector / 1e9 : 0;
+  c.vector = c.vector_gbs > c.memcpy_gbs * kVectorCopyMargin;
+  set_vector_copy_preferred(c.vector);
+  std::lock_guard<std::mutex> g(g_calibration_mu);
+  g_calibration = c;
+  return c;
+}
+
 CopyPath host_copy_path(const void* dst, const void* src, size_t bytes) {
   const uintptr_t skew = (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 63;
-  if (skew == 0 || bytes < kVectorCopyMin || bytes > kVectorCopyMax || !vector_copy_available())
+  if (skew == 0 || bytes < kVectorCopyMin || bytes > kVectorCopyMax || !vector_copy_available() ||
+      !g_vector_preferred.load(std::memory_order_relaxed))
     return CopyPath::kMemcpy;
   return CopyPath::kVector;
 }

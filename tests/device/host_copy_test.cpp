@@ -4,6 +4,7 @@
 // header says, and by the host engine's copies.
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -68,8 +69,17 @@ TEST(HostCopy, TheVectorLoopAloneWritesWhatMemcpyWrites) {
   check_copy(&vector_copy, "vector_copy");
 }
 
+// The vector loop preferred (as before any calibration, or where it won)
+// for the test's scope; the process's choice back after it.
+struct PreferVector {
+  explicit PreferVector(bool v) : was(vector_copy_preferred()) { set_vector_copy_preferred(v); }
+  ~PreferVector() { set_vector_copy_preferred(was); }
+  bool was;
+};
+
 TEST(HostCopy, TakesTheVectorPathOnlyBetweenMutuallyMisalignedBuffersOfAShardsSize) {
   if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  PreferVector prefer(true);
   Pages a(4096), b(4096);
   ASSERT_NE(a.p, nullptr);
   EXPECT_EQ(host_copy_path(b.p + 16, a.p, 16384), CopyPath::kVector) << "a slot (page) into malloc's +16";
@@ -83,6 +93,7 @@ TEST(HostCopy, TakesTheVectorPathOnlyBetweenMutuallyMisalignedBuffersOfAShardsSi
 
 TEST(HostCopy, TheHostEnginesCopiesTakeIt) {
   if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  PreferVector prefer(true);
   auto engine = make_host_engine(0);
   std::unique_ptr<CopyStream> stream;
   ASSERT_EQ(engine->open_stream(&stream), Result::kOk);
@@ -95,6 +106,34 @@ TEST(HostCopy, TheHostEnginesCopiesTakeIt) {
   ASSERT_EQ(stream->wait(ticket), Result::kOk);
   EXPECT_EQ(vector_copies_on_this_thread(), before + 1);
   EXPECT_EQ(std::memcmp(dst.p + 16, src.p, 16384), 0);
+}
+
+TEST(HostCopy, WhereMemcpyWonEveryCopyIsMemcpy) {
+  PreferVector prefer(false);
+  Pages a(4096), b(4096);
+  ASSERT_NE(a.p, nullptr);
+  EXPECT_EQ(host_copy_path(b.p + 16, a.p, 16384), CopyPath::kMemcpy);
+  EXPECT_EQ(host_copy_path(b.p + 1, a.p, kVectorCopyMin), CopyPath::kMemcpy);
+  check_copy(&host_copy, "host_copy with memcpy preferred");
+}
+
+// The calibration measures both paths and keeps the faster; host_copy then
+// takes what it kept. Which one wins is this CPU's (never asserted).
+TEST(HostCopy, TheCalibrationKeepsThePathThatWasFasterAndHostCopyTakesIt) {
+  if (!vector_copy_available()) GTEST_SKIP() << "this CPU has no AVX2: host_copy is memcpy";
+  PreferVector restore(true);
+  const CopyCalibration c = calibrate_host_copy(16384);
+  EXPECT_EQ(c.bytes, 16384u);
+  EXPECT_GT(c.memcpy_gbs, 0);
+  EXPECT_GT(c.vector_gbs, 0);
+  EXPECT_EQ(c.vector, c.vector_gbs > c.memcpy_gbs * kVectorCopyMargin);
+  EXPECT_EQ(host_copy_calibration().bytes, 16384u);
+  Pages a(4096), b(4096);
+  EXPECT_EQ(host_copy_path(b.p + 16, a.p, 16384), c.vector ? CopyPath::kVector : CopyPath::kMemcpy);
+  std::printf("[HostCopy] 16 KiB shards, misaligned: vector loop %.1f GB/s, memcpy %.1f GB/s: %s kept\n", c.vector_gbs,
+              c.memcpy_gbs, c.vector ? "the vector loop" : "memcpy");
+  EXPECT_EQ(calibrate_host_copy(kVectorCopyMin - 1).bytes, 0u) << "a size that takes memcpy anyway is not measured";
+  EXPECT_EQ(calibrate_host_copy(kVectorCopyMax + 1).bytes, 0u);
 }
 
 // Cache::check_app_buffers skips gathering a task's pointers for an engine
