@@ -44,8 +44,11 @@
 // The copier serves whatever entry is Ready first, in any order; when none
 // is, it sleeps on the node's completion doorbell (layout.h) for all of them
 // at once (bounded by the earliest deadline and the liveness slice, checking
-// the owners' liveness; recovery turns a dead owner's load into Failed). A
-// dump entry waiting for another rank's write-through still waits alone. Failed: it takes the load over (one CAS: one winner per
+// every slice whether the owners and writers it waits on live; recovery turns
+// a dead owner's load into Failed). It never waits for one entry in place: a
+// dump entry waiting for another rank's write-through waits on its stored
+// word beside the others, an entry whose slot lost its key looks for a slot
+// once per round (copier.cpp). Failed: it takes the load over (one CAS: one winner per
 // node) and reloads, up to load_retries times, then fails the entry with the
 // backend's error. Ready: it copies through its own copy stream and releases
 // the pin once the copy has landed. Corrupt (the store's copy failed its

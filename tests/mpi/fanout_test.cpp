@@ -344,7 +344,12 @@ TEST_F(Fanout, AHungLoadInEveryChunkFailsTheTaskAtItsDeadline) {
   // block; short numbers: the spec holds 511 characters).
   std::string hang;
   for (uint64_t c = 0; c < kChunks; ++c)
-    for (uint32_t r = 0; r < 2; ++r) hang += (hang.empty() ? "" : "+") + std::to_string(1 + 8 * c) + "." + std::to_string(r);
+    for (uint32_t r = 0; r < 2; ++r) {
+      if (!hang.empty()) hang += '+';
+      hang += std::to_string(1 + 8 * c);
+      hang += '.';
+      hang += std::to_string(r);
+    }
   // Hung loads keep their place in the sim store until it is destroyed (and a
   // peer that takes over an abandoned one hangs another): room for all of
   // them, so that the next task's loads are admitted.
