@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -159,18 +160,21 @@ Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
     device_id_ = ok(e) ? taken.device_id : (choice.auto_device ? node_.local_rank : config_.device_id);
     device_choice_ = taken.why;
     UCM_CHECK(e);
-    if (engine_ && !engine_->checks_app_buffers()) {
-      // Copies into host memory: which copy wins between a slot and an
-      // app's misaligned buffer depends on the CPU (device/host_copy.h).
-      const CopyCalibration cc = calibrate_host_copy(config_.shard_bytes);
-      if (cc.bytes != 0)
-        UCM_INFO(kBoot, "host copy of %" PRIu64 "-byte shards into a misaligned buffer: %s (vector loop %.1f GB/s, "
-                 "memcpy %.1f GB/s)", cc.bytes, cc.vector ? "vector loop" : "memcpy", cc.vector_gbs, cc.memcpy_gbs);
-    }
     if (engine_ && config_.shard_bytes % engine_->alignment() != 0)
       return fail(Result::kInvalidArg, "shard_bytes %" PRIu64 " is not a multiple of %" PRIu64
                   ", the alignment the %s copy engine of device %d needs",
                   config_.shard_bytes, engine_->alignment(), engine_->name(), device_id_);
+    if (engine_ && !engine_->checks_app_buffers()) {
+      // Copies into host memory: which copy wins between a slot and an
+      // app's misaligned buffer depends on the CPU (device/host_copy.h).
+      // Said in the per-rank line (log_device_and_placement).
+      const CopyCalibration cc = calibrate_host_copy(config_.shard_bytes);
+      char buf[160];
+      if (cc.bytes != 0)
+        std::snprintf(buf, sizeof(buf), "; host copy into a misaligned buffer: %s (vector loop %.1f GB/s, memcpy %.1f GB/s)",
+                      cc.vector ? "vector loop" : "memcpy", cc.vector_gbs, cc.memcpy_gbs);
+      copy_path_note_ = cc.bytes != 0 ? buf : "; host copy: memcpy";
+    }
     return layout_from_config(config_, static_cast<uint32_t>(node_.local_size), cp, dp);
   });
   return agree(r);
@@ -178,11 +182,12 @@ Result Cache::choose_engine_and_layout(CtrlParams* cp, DataParams* dp) {
 
 void Cache::log_device_and_placement() const {
   UCM_INFO(kBoot, "device and placement: local rank %d of %d on %s (node %d of %d, rank %d of %d): device %d, %s (%s); %s; "
-           "init %.3f s (data plane populated in %.3f s on %u thread(s)), data plane NUMA %s",
+           "init %.3f s (data plane populated in %.3f s on %u thread(s)), data plane NUMA %s%s",
            node_.local_rank, node_.local_size, node_.host.c_str(), node_.node_id, node_.node_count, node_.rank,
            node_.size, device_id_, engine_ ? (std::string(engine_->name()) + " engine").c_str() : "scheduler",
            device_choice_.c_str(), placement_.summary.c_str(), init_seconds_, data_.populate_seconds(),
-           data_.populate_threads(), data_.valid() ? data_.numa_note().c_str() : "(no data plane: scheduler)");
+           data_.populate_threads(), data_.valid() ? data_.numa_note().c_str() : "(no data plane: scheduler)",
+           copy_path_note_.c_str());
 }
 
 // The cache over the planes, and the store's synchronous calls (on threads

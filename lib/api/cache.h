@@ -146,6 +146,7 @@ class Cache {
   uint32_t register_threads_ = 0;
   double init_seconds_ = 0;  // wall time of init() on this rank
   std::string device_choice_;
+  std::string copy_path_note_;  // the host copy's calibration (host-memory engines), for the per-rank init line
   std::unique_ptr<CopyEngine> engine_;
   NodeState store_state_;  // the store's node-shared state; outlives backend_
   std::unique_ptr<Backend> backend_;

@@ -58,6 +58,7 @@
 #include "common/key.h"
 #include "common/result.h"
 #include "common/small_buffer.h"
+#include "common/time.h"
 #include "ctrl/buffer_ctrl.h"
 #include "ctrl/protect_relax.h"
 #include "data/buffer_data.h"
@@ -220,22 +221,29 @@ class CacheBuffer {
     const uint32_t* stored_slots = nullptr;
     const uint32_t* stored_seen = nullptr;
     size_t m = 0;
-    uint64_t next_check_ns = 0;  // wait_any's: when the ranks waited on are looked at next
+    uint64_t next_check_ns = 0;  // when the ranks waited on are looked at next (check_waited_on)
+    uint64_t reap_deadline_ns = kNoDeadline;  // the bound of a reap of the dead among them (and of the wait's)
   };
+  // Once a slice has passed since the last look (ws->next_check_ns): looks
+  // whether the owners and writers `ws` waits on live (each rank once: a
+  // look reads /proc) and reaps the dead. wait_any calls it; a waiter whose
+  // rounds keep moving, and so never sleeps, calls it between them.
+  void check_waited_on(WaitSet* ws);
   // Sleeps until a word of `ws` differs from what was seen (in substance), the
   // bell moves from `bell_seen`, or the deadline (kTimeout); sets the waiters
   // bit of each word first (finish_write rings the bell for a stored word's
   // waiters). Once a slice has passed since the last look (ws->next_check_ns),
   // rung or not, and in both wait modes, looks whether the owners and writers
-  // it waits on live, and reaps the dead (recovery rings nobody: a copier
-  // woken by other ranks' rings never saw a silent slice). kOk tells the
-  // caller to look again; it may be spurious.
+  // it waits on live, and reaps the dead (check_waited_on: it used to look
+  // only after a silent slice, which a copier woken by other ranks' rings
+  // never saw). kOk tells the caller to look again; it may be spurious.
   [[nodiscard]] Result wait_any(WaitSet* ws, uint32_t bell_seen, uint64_t deadline_ns);
   // The same for slot words alone, with a fresh set (its liveness looked at
   // after a slice of this call).
   [[nodiscard]] Result wait_any(const uint32_t* slots, const uint32_t* words, size_t n, uint32_t bell_seen,
                                 uint64_t deadline_ns) {
     WaitSet ws;
+    ws.reap_deadline_ns = deadline_ns;
     ws.slots = slots;
     ws.words = words;
     ws.n = n;
@@ -327,7 +335,6 @@ class CacheBuffer {
   // passed, the liveness of the ranks waited on (each rank looked at once).
   bool any_changed(const WaitSet& ws) const;
   bool arm_waiters(const WaitSet& ws) const;
-  void check_waited_on(WaitSet* ws, uint64_t deadline_ns);
   uint64_t reap_deadline(uint64_t deadline_ns) const;
   Result check_owner(uint32_t slot, uint32_t w) const;
   void wake_word(std::atomic<uint32_t>& word) const;

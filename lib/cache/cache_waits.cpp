@@ -105,14 +105,15 @@ bool CacheBuffer::arm_waiters(const WaitSet& ws) const {
   return false;
 }
 
-void CacheBuffer::check_waited_on(WaitSet* ws, uint64_t deadline_ns) {
+void CacheBuffer::check_waited_on(WaitSet* ws) {
   const uint64_t now = now_ns();
   if (ws->next_check_ns == 0) ws->next_check_ns = now + slice_ns_;
   if (now < ws->next_check_ns) return;
   ws->next_check_ns = now + slice_ns_;
   // The ranks we wait on: owners filling a slot, writers of a write-through
   // (each looked at once: a look reads /proc). Recovery turns a dead owner's
-  // load Failed and a dead writer's write NotStored; it rings nobody.
+  // load Failed and a dead writer's write NotStored, and rings the doorbell
+  // for their waiters; what ends a wait on a dead rank nobody reaped is this.
   const BufferCtrl& c = *ctrl_;
   uint32_t ranks = 0;
   for (size_t i = 0; i < ws->n; ++i) {
@@ -130,7 +131,7 @@ void CacheBuffer::check_waited_on(WaitSet* ws, uint64_t deadline_ns) {
   }
   for (uint32_t r = 0; r < kMaxRanks; ++r) {
     if (!((ranks >> r) & 1u) || c.rank_alive(r)) continue;
-    (void)reap_dead_ranks(c, opts_.rank, nullptr, reap_deadline(deadline_ns));  // every dead rank at once
+    (void)reap_dead_ranks(c, opts_.rank, nullptr, reap_deadline(ws->reap_deadline_ns));  // every dead rank at once
     return;
   }
 }
@@ -145,7 +146,7 @@ Result CacheBuffer::wait_any(WaitSet* ws, uint32_t bell_seen, uint64_t deadline_
       return fail(Result::kInvalidArg, "wait_any: stored slot %u >= %u slots", ws->stored_slots[j], c.total_slots());
   const uint64_t now = now_ns();
   if (now >= deadline_ns) return fail(Result::kTimeout, "wait_any: the deadline has passed");
-  check_waited_on(ws, deadline_ns);
+  check_waited_on(ws);
   const uint64_t until = std::min({deadline_ns, now + slice_ns_, ws->next_check_ns});
   if (opts_.wait == WaitMode::kPoll) {
     // The legacy waiter: lock, read, unlock each, then sleep. (Stored words
@@ -166,13 +167,13 @@ Result CacheBuffer::wait_any(WaitSet* ws, uint32_t bell_seen, uint64_t deadline_
     if (any_changed(*ws)) return Result::kOk;
     (void)futex_wait(&bell, bell_seen, until);
   }
-  check_waited_on(ws, deadline_ns);
+  check_waited_on(ws);
   if (now_ns() >= deadline_ns) return fail(Result::kTimeout, "wait_any: nothing changed by the deadline");
   return Result::kOk;
 }
 
 void CacheBuffer::note_waited_on(uint32_t w, uint64_t deadline_ns) {
-  // After a silent slice: is the rank we wait on still there?
+  // After a slice, or at the deadline: is the rank we wait on still there?
   const uint32_t owner = word_owner(w);
   if (word_state(w) == State::kIdle && owner != kNoOwner && owner != opts_.rank && !ctrl_->rank_alive(owner))
     (void)reap_dead_ranks(*ctrl_, opts_.rank, nullptr, reap_deadline(deadline_ns));

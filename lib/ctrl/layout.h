@@ -70,10 +70,11 @@ enum class WaitMode : uint32_t { kFutex = 0, kPoll = 1 };
 // so they never touch the bell. Pairs: the changer's word CAS precedes its
 // bell add; a sleeper that reads the bumped bell re-reads the word after it
 // and sees the change; one that read the bell before sleeps on a stale value
-// and returns at once. Recovery of a dead owner's load does not ring it: a
-// sleeper wakes every liveness slice, looks whether the ranks it waits on
-// live (every slice, whatever rang in between: CacheBuffer::wait_any) and
-// looks again.
+// and returns at once. Recovery (a dead or leaving rank's load, hold or
+// write dropped: ctrl/pins.h) rings it too when the waiters bit was set; and
+// a sleeper looks every liveness slice whether the ranks it waits on live,
+// whatever rang in between (CacheBuffer::check_waited_on), so that a dead
+// rank nobody reaped yet is found.
 
 // ---- the stored word of a slot (stored[slot]) ---------------------------------
 // Whether the bytes of a Ready slot are in the backend store. Every local rank

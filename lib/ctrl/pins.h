@@ -138,6 +138,10 @@ inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, 
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {  // T7 [R2] / T6 [R4]
       ++(unfinished ? out->loads : out->holds);
       if (unfinished || word_has_waiters(w)) futex_wake(&word, kWakeAll);
+      if (word_has_waiters(w)) {  // a copier sleeps on the doorbell (layout.h), as for a write above
+        c.globals().bell.fetch_add(1, std::memory_order_seq_cst);
+        futex_wake(&c.globals().bell, kWakeAll);
+      }
       return;
     }
   }

@@ -39,7 +39,15 @@ void LoadQueue::copier_main() {
   WaitLists lists;
   while (take_items(&waiting)) {
     const uint64_t next_expiry = expire_due_ios();
-    if (serve_round(&waiting) || waiting.empty()) continue;
+    const bool moved = serve_round(&waiting);
+    // Every slice, also while rounds keep moving (a busy copier never
+    // sleeps, and the sleep is where wait_any looks): are the ranks its
+    // entries wait on alive?
+    if (now_ns() >= lists.set.next_check_ns && !waiting.empty()) {
+      (void)fill_wait_lists(waiting, &lists);
+      cache_->check_waited_on(&lists.set);
+    }
+    if (moved || waiting.empty()) continue;
     // Nothing moved: sleep until one of them may have. A copy in flight
     // lands first (nothing rings the bell for it).
     retire_copies(0);
@@ -119,33 +127,39 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
     fresh = stopping_ || !items_.empty();
   }
   if (!fresh) {
-    l->slots.clear();
-    l->words.clear();
-    l->stored_slots.clear();
-    l->stored_seen.clear();
-    uint64_t until = std::min(next_expiry, now_ns() + kStopCheckNs);
-    for (const Item& it : waiting) {
-      until = std::min(until, it.task->deadline_ns());
-      if (it.slotless) {  // no word to wait on: its next look for a slot bounds the sleep
-        until = std::min(until, it.next_look_ns);
-      } else if (it.on_stored) {  // a dump waiting for another write-through's outcome
-        l->stored_slots.push_back(it.slot);
-        l->stored_seen.push_back(it.stored_seen);
-      } else {
-        l->slots.push_back(it.slot);
-        l->words.push_back(it.word);
-      }
-    }
-    l->set.slots = l->slots.data();
-    l->set.words = l->words.data();
-    l->set.n = l->slots.size();
-    l->set.stored_slots = l->stored_slots.data();
-    l->set.stored_seen = l->stored_seen.data();
-    l->set.m = l->stored_slots.size();
+    const uint64_t until = std::min({next_expiry, now_ns() + kStopCheckNs, fill_wait_lists(waiting, l)});
     UCM_TRACE(TraceRange::kWaitReady);
     (void)cache_->wait_any(&l->set, bell, until);
   }
   copier_asleep_.store(false, std::memory_order_relaxed);
+}
+
+uint64_t LoadQueue::fill_wait_lists(const std::vector<Item>& waiting, WaitLists* l) {
+  l->slots.clear();
+  l->words.clear();
+  l->stored_slots.clear();
+  l->stored_seen.clear();
+  uint64_t until = kNoDeadline, earliest_deadline = kNoDeadline;
+  for (const Item& it : waiting) {
+    earliest_deadline = std::min(earliest_deadline, it.task->deadline_ns());
+    if (it.slotless) {  // no word to wait on: its next look for a slot bounds the sleep
+      until = std::min(until, it.next_look_ns);
+    } else if (it.on_stored) {  // a dump waiting for another write-through's outcome
+      l->stored_slots.push_back(it.slot);
+      l->stored_seen.push_back(it.stored_seen);
+    } else {
+      l->slots.push_back(it.slot);
+      l->words.push_back(it.word);
+    }
+  }
+  l->set.slots = l->slots.data();
+  l->set.words = l->words.data();
+  l->set.n = l->slots.size();
+  l->set.stored_slots = l->stored_slots.data();
+  l->set.stored_seen = l->stored_seen.data();
+  l->set.m = l->stored_slots.size();
+  l->set.reap_deadline_ns = earliest_deadline;  // a reap may take that long, not just until the next look
+  return std::min(until, earliest_deadline);
 }
 
 void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {

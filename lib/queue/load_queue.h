@@ -319,6 +319,9 @@ class LoadQueue {
   bool serve_round(std::vector<Item>* waiting);
   // Sleeps on the doorbell until a waiting entry's word may have changed.
   void sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next_expiry, WaitLists* lists);
+  // The words the waiting entries wait on, into *lists; the earliest of
+  // their deadlines and their next looks for a slot.
+  uint64_t fill_wait_lists(const std::vector<Item>& waiting, WaitLists* lists);
   // A load entry's look at its slot (process): Ready (copy it), waiting with
   // the copier's other entries (it.word set), or ended (failed).
   enum class Look : uint8_t { kReady, kWaiting, kEnded };

@@ -1,5 +1,6 @@
-// What LoadQueue's two sources share (load_queue.cpp: the dispatcher, loads
-// and the copier; dump_path.cpp: dumps and their write-throughs). Internal
+// What LoadQueue's sources share (load_queue.cpp: the dispatcher, loads and
+// the store's completions; copier.cpp: the copier; dump_path.cpp: dumps and
+// their write-throughs; space_wait.cpp: the waits for a free slot). Internal
 // to queue/: nothing outside the layer includes it.
 #pragma once
 

@@ -133,15 +133,8 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
     *look = Look::kEnded;
     return false;
   }
-  if (now >= t.deadline_ns()) {
-    fail_slotless(it, it.started, Result::kNoSpace,
-                  key_text(e.key) + ": no free cache slot before the task's deadline (its load was abandoned, and " +
-                      "every slot stayed pinned or protected since)");
-    *look = Look::kEnded;
-    return false;
-  }
   *look = Look::kWaiting;
-  if (now < it.next_look_ns) return false;
+  if (now < it.next_look_ns) return false;  // never past the deadline: the last look is at it
   const GetFor f = relaxed_for(t, it.space_since, now);
   const uint64_t cpu0 = thread_cpu_ns();
   GetResult g;
@@ -161,6 +154,13 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
   }
   if (r != Result::kNoSpace) {
     fail_slotless(it, it.started, r, key_text(e.key) + ": " + last_error());
+    *look = Look::kEnded;
+    return false;
+  }
+  if (now >= t.deadline_ns()) {  // as the dispatcher's: the look first, then the deadline
+    fail_slotless(it, it.started, Result::kNoSpace,
+                  key_text(e.key) + ": no free cache slot before the task's deadline (its load was abandoned, and " +
+                      "every slot stayed pinned or protected since)");
     *look = Look::kEnded;
     return false;
   }

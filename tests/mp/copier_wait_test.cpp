@@ -156,6 +156,91 @@ TEST(CopierSpace, AnEntryWaitingForAFreeSlotDoesNotHoldBackTheCopiesOfOthers) {
               static_cast<unsigned long long>(kTaskCMs), static_cast<unsigned long long>(sh->c_ms.load()));
 }
 
+// A slotless entry looks once more at its deadline, as the dispatcher's get
+// does (the look, then the deadline): it used to fail with NoSpace at its
+// deadline without looking, although the key had come back meanwhile. Rank 1
+// abandons X's load with every slot held; rank 0's copier looks for a slot
+// with pauses that end only when the protection relaxes (5 ms, then half of
+// the task's time) and at the deadline. After its third look rank 1 loads X
+// itself into a slot it frees: rank 0's look at the deadline finds X Ready.
+constexpr uint64_t kTaskLastLookMs = 3000;
+
+struct LastLookShared {
+  ShmSignal full;     // rank 1 holds every slot, X among them (Idle)
+  ShmSignal waiting;  // rank 0's copier waits on X
+  ShmSignal loaded;   // rank 1 loaded X again
+  std::atomic<uint32_t> x_slot{0};
+};
+
+void abandon_then_reload(const TestCache& parent, LastLookShared* sh) {
+  TestCache mine;
+  attach_copy(parent, &mine);
+  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = 1;
+  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  uint32_t x = 0;
+  std::vector<uint32_t> held(kSlots - 1);
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
+  for (uint32_t i = 0; i < held.size(); ++i) {
+    ASSERT_NO_FATAL_FAILURE(owner_of(cb, h_key(i), &held[i]));
+    fill_pattern(cb.data_at(held[i]), kShardBytes, h_key(i));
+    ASSERT_EQ(cb.mark_ready(held[i]), Result::kOk) << last_error();
+  }
+  sh->x_slot.store(x);
+  sh->full.set(1);
+  ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  const uint64_t no_space0 = mine.ctrl.rank(0).counters.no_space.load();
+  ASSERT_EQ(cb.abandon_load(x, cb.word(x)), Result::kOk) << last_error();
+  // Rank 0 looks at once, at 5 ms and at half of its task's time.
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (mine.ctrl.rank(0).counters.no_space.load() < no_space0 + 3 && now_ns() < until) usleep(500);
+  ASSERT_GE(mine.ctrl.rank(0).counters.no_space.load(), no_space0 + 3) << "rank 0 never looked a third time";
+  cb.release(held[0]);
+  uint32_t again = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &again));
+  sim_fill(x_key(), cb.data_at(again), kShardBytes);
+  ASSERT_EQ(cb.mark_ready(again), Result::kOk) << last_error();
+  sh->loaded.set(1);
+  cb.release(again);
+  cb.release(x);  // the abandoned load's pin, as the store's late completion drops it
+  for (size_t i = 1; i < held.size(); ++i) cb.release(held[i]);
+  mine.ctrl.leave(1);
+}
+
+void load_x_slotless(const TestCache& parent, LastLookShared* sh) {
+  ASSERT_TRUE(sh->full.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  qo.no_space_backoff_ns = 60'000'000'000;  // pauses end at the relaxing's steps and the deadline only
+  qo.no_space_backoff_max_ns = qo.no_space_backoff_ns;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> dst(kShardBytes, 0xee);
+  auto b = load_task(1, x_key(), dst.data(), kTaskLastLookMs);
+  ASSERT_EQ(me.queue->submit(b), Result::kOk) << last_error();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (me.cache->ctrl().pin(0, sh->x_slot.load()).load() == 0 && now_ns() < until) usleep(200);
+  sh->waiting.set(1);
+  ASSERT_TRUE(b->wait_until(deadline_after_ms(kDeadlineMs))) << "the task hung";
+  EXPECT_EQ(sh->loaded.get(), 1u) << "rank 1 loaded X again before rank 0's task ended";
+  EXPECT_EQ(b->result(), Result::kOk) << b->error();
+  EXPECT_EQ(sim_verify(x_key(), dst.data(), kShardBytes), kShardBytes);
+  me.close(0);
+}
+
+TEST(CopierSpace, ASlotlessEntryLooksOnceMoreAtItsDeadline) {
+  TestCache tc;
+  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  Shared<LastLookShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { abandon_then_reload(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { load_x_slotless(tc, sh.get()); });
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+}
+
 // A dump of a key whose write-through another rank has in flight waits for
 // that write's outcome; the copier used to wait for it in place (await_write),
 // up to the dump's deadline, and every entry behind it waited too. Rank 1 (a
