@@ -53,6 +53,21 @@ struct CopierShared {
   std::atomic<uint64_t> c_ms{0};
 };
 
+// A bare rank over the parent's planes: joined as `rank`, with a CacheBuffer
+// of its own (no queue: the test drives its slots by hand).
+struct BareRank {
+  TestCache mine;
+  std::unique_ptr<CacheBuffer> cb;
+};
+
+void join_bare(const TestCache& parent, uint32_t rank, BareRank* out) {
+  attach_copy(parent, &out->mine);
+  ASSERT_EQ(join_rank_retrying(out->mine.ctrl, rank, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
+  CacheOptions o;
+  o.rank = rank;
+  out->cb = std::make_unique<CacheBuffer>(&out->mine.ctrl, &out->mine.data, o);
+}
+
 void owner_of(CacheBuffer& cb, const Key& k, uint32_t* slot) {
   GetResult g;
   ASSERT_EQ(cb.get(k, &g), Result::kOk) << last_error();
@@ -63,12 +78,10 @@ void owner_of(CacheBuffer& cb, const Key& k, uint32_t* slot) {
 // Rank 1: owns X and Z (Idle), pins H1 and H2 (Ready); then abandons X and,
 // once rank 0 found no space, fills Z.
 void hold_and_abandon(const TestCache& parent, CopierShared* sh) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 1;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  TestCache& mine = bare.mine;
+  CacheBuffer& cb = *bare.cb;
   uint32_t x = 0, z = 0;
   std::vector<uint32_t> held(2);
   ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
@@ -143,15 +156,22 @@ void load_both(const TestCache& parent, CopierShared* sh) {
   me.close(0);
 }
 
-TEST(CopierSpace, AnEntryWaitingForAFreeSlotDoesNotHoldBackTheCopiesOfOthers) {
+// Rank 1 (bare) and rank 0 (a queue) over one cache of kSlots slots, each in
+// a process of its own; both must exit cleanly.
+template <typename S>
+void run_pair(void (*rank1)(const TestCache&, S*), void (*rank0)(const TestCache&, S*), Shared<S>& sh) {
   TestCache tc;
   make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
-  Shared<CopierShared> sh;
   Children ch;
-  const pid_t r1 = ch.spawn([&] { hold_and_abandon(tc, sh.get()); });
-  const pid_t r0 = ch.spawn([&] { load_both(tc, sh.get()); });
+  const pid_t r1 = ch.spawn([&] { rank1(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { rank0(tc, sh.get()); });
   EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
   EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+}
+
+TEST(CopierSpace, AnEntryWaitingForAFreeSlotDoesNotHoldBackTheCopiesOfOthers) {
+  Shared<CopierShared> sh;
+  run_pair(hold_and_abandon, load_both, sh);
   std::printf("[CopierSpace] task C (deadline %llu ms) ended at %llu ms\n",
               static_cast<unsigned long long>(kTaskCMs), static_cast<unsigned long long>(sh->c_ms.load()));
 }
@@ -173,12 +193,10 @@ struct LastLookShared {
 };
 
 void abandon_then_reload(const TestCache& parent, LastLookShared* sh) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 1;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  TestCache& mine = bare.mine;
+  CacheBuffer& cb = *bare.cb;
   uint32_t x = 0;
   std::vector<uint32_t> held(kSlots - 1);
   ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
@@ -231,14 +249,8 @@ void load_x_slotless(const TestCache& parent, LastLookShared* sh) {
 }
 
 TEST(CopierSpace, ASlotlessEntryLooksOnceMoreAtItsDeadline) {
-  TestCache tc;
-  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
   Shared<LastLookShared> sh;
-  Children ch;
-  const pid_t r1 = ch.spawn([&] { abandon_then_reload(tc, sh.get()); });
-  const pid_t r0 = ch.spawn([&] { load_x_slotless(tc, sh.get()); });
-  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
-  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  run_pair(abandon_then_reload, load_x_slotless, sh);
 }
 
 // A dump of a key whose write-through another rank has in flight waits for
@@ -254,6 +266,14 @@ constexpr uint64_t kTaskLoadMs = 6000;
 Key k_key() { return key(93101, 0); }
 Key y_key() { return key(93102, 0); }
 
+// K filled and Ready, its write-through begun by cb's rank (the stored word
+// Writing), as a dump's owner does before its store.dump.
+void begin_write_of_k(CacheBuffer& cb, uint32_t* k) {
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, k_key(), k));
+  fill_pattern(cb.data_at(*k), kShardBytes, k_key());
+  ASSERT_EQ(cb.mark_ready_for_write(*k), Result::kOk) << last_error();
+}
+
 struct DumpShared {
   ShmSignal writing;   // rank 1's write-through of K is in flight
   ShmSignal l_ended;   // rank 0's load ended (in time or not)
@@ -263,16 +283,12 @@ struct DumpShared {
 };
 
 void write_forever(const TestCache& parent, DumpShared* sh) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 1;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  TestCache& mine = bare.mine;
+  CacheBuffer& cb = *bare.cb;
   uint32_t k = 0;
-  ASSERT_NO_FATAL_FAILURE(owner_of(cb, k_key(), &k));
-  fill_pattern(cb.data_at(k), kShardBytes, k_key());
-  ASSERT_EQ(cb.mark_ready_for_write(k), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(begin_write_of_k(cb, &k));
   sh->k_slot.store(k);
   sh->writing.set(1);
   ASSERT_TRUE(sh->l_ended.wait_ge(1, deadline_after_ms(kDeadlineMs)));
@@ -318,14 +334,8 @@ void dump_then_load(const TestCache& parent, DumpShared* sh) {
 }
 
 TEST(CopierDump, ADumpWaitingForAPeersWriteThroughDoesNotHoldBackALoad) {
-  TestCache tc;
-  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
   Shared<DumpShared> sh;
-  Children ch;
-  const pid_t r1 = ch.spawn([&] { write_forever(tc, sh.get()); });
-  const pid_t r0 = ch.spawn([&] { dump_then_load(tc, sh.get()); });
-  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
-  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  run_pair(write_forever, dump_then_load, sh);
   std::printf("[CopierDump] the load (deadline %llu ms) ended at %llu ms\n",
               static_cast<unsigned long long>(kTaskLoadMs), static_cast<unsigned long long>(sh->l_ms.load()));
 }
@@ -346,16 +356,11 @@ struct KilledShared {
 };
 
 void write_then_die(const TestCache& parent, KilledShared* sh) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 1;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  CacheBuffer& cb = *bare.cb;
   uint32_t k = 0;
-  ASSERT_NO_FATAL_FAILURE(owner_of(cb, k_key(), &k));
-  fill_pattern(cb.data_at(k), kShardBytes, k_key());
-  ASSERT_EQ(cb.mark_ready_for_write(k), Result::kOk) << last_error();
+  ASSERT_NO_FATAL_FAILURE(begin_write_of_k(cb, &k));
   cb.add_pin(k);  // the write's own pin
   sh->k_slot.store(k);
   sh->writing.set(1);
@@ -400,12 +405,10 @@ void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh, WaitMode
 // Rank 2 stands in for the node's other work: it rings the completion
 // doorbell every 5 ms, as every change of a word with waiters does.
 void ring_often(const TestCache& parent, ShmSignal* stop) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 2, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 2;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 2, &bare));
+  TestCache& mine = bare.mine;
+  CacheBuffer& cb = *bare.cb;
   while (stop->get() == 0) {
     cb.ring_bell();
     usleep(5000);
@@ -452,12 +455,9 @@ struct OwnerShared {
 };
 
 void own_then_die(const TestCache& parent, OwnerShared* sh) {
-  TestCache mine;
-  attach_copy(parent, &mine);
-  ASSERT_EQ(join_rank_retrying(mine.ctrl, 1, deadline_after_ms(kDeadlineMs)), Result::kOk) << last_error();
-  CacheOptions o;
-  o.rank = 1;
-  CacheBuffer cb(&mine.ctrl, &mine.data, o);
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  CacheBuffer& cb = *bare.cb;
   uint32_t z = 0;
   ASSERT_NO_FATAL_FAILURE(owner_of(cb, z_key(), &z));
   sh->z_slot.store(z);
