@@ -574,11 +574,7 @@ bool CacheBuffer::holds_key(uint32_t slot, const Key& k) const {
   return slot < ctrl_->total_slots() && slot_has_key(*ctrl_, slot, k);
 }
 
-void CacheBuffer::ring_bell() const {
-  std::atomic<uint32_t>& bell = ctrl_->globals().bell;
-  bell.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake(&bell, kWakeAll);
-}
+void CacheBuffer::ring_bell() const { ring_doorbell(*ctrl_); }
 
 void CacheBuffer::wake_word(std::atomic<uint32_t>& word) const {
   futex_wake(&word, kWakeAll);

@@ -92,6 +92,13 @@ struct DroppedRefs {
   uint64_t writes = 0;  // unfinished write-throughs marked NotStored
 };
 
+// Rings the node's completion doorbell (layout.h): a copier sleeping on it
+// looks at its words again.
+inline void ring_doorbell(const BufferCtrl& c) {
+  c.globals().bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&c.globals().bell, kWakeAll);
+}
+
 // A write-through by one of `rank_mask` that will never end: NotStored, with
 // its sleepers woken, so that one of them writes the bytes itself (layout.h,
 // the stored word, S3). Before the pins go: the write's own pin keeps the
@@ -108,8 +115,7 @@ inline void drop_rank_write(const BufferCtrl& c, uint32_t i, uint32_t rank_mask,
         futex_wake(&sw, kWakeAll);
         // A copier sleeps on the doorbell beside its other words (layout.h):
         // a writer that leaves (or died) is seen at once, not a slice later.
-        c.globals().bell.fetch_add(1, std::memory_order_seq_cst);
-        futex_wake(&c.globals().bell, kWakeAll);
+        ring_doorbell(c);
       }
       return;
     }
@@ -138,10 +144,7 @@ inline void drop_rank_refs(const BufferCtrl& c, uint32_t i, uint32_t rank_mask, 
     if (word.compare_exchange_weak(w, nw, std::memory_order_acq_rel)) {  // T7 [R2] / T6 [R4]
       ++(unfinished ? out->loads : out->holds);
       if (unfinished || word_has_waiters(w)) futex_wake(&word, kWakeAll);
-      if (word_has_waiters(w)) {  // a copier sleeps on the doorbell (layout.h), as for a write above
-        c.globals().bell.fetch_add(1, std::memory_order_seq_cst);
-        futex_wake(&c.globals().bell, kWakeAll);
-      }
+      if (word_has_waiters(w)) ring_doorbell(c);  // a copier sleeps on the doorbell, as for a write above
       return;
     }
   }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <mutex>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -77,8 +76,6 @@ namespace {
 // Whether the vector loop beat memcpy here (calibrate_host_copy); read on
 // every copy, so relaxed: a copy that reads the old value is still right.
 std::atomic<bool> g_vector_preferred{true};
-std::mutex g_calibration_mu;
-CopyCalibration g_calibration;  // under g_calibration_mu
 
 double seconds_now() {
   timespec t{};
@@ -97,11 +94,6 @@ double timed_pass(uint8_t* dst, const uint8_t* src, uint64_t bytes, size_t n, F 
 
 bool vector_copy_preferred() { return g_vector_preferred.load(std::memory_order_relaxed); }
 void set_vector_copy_preferred(bool vector) { g_vector_preferred.store(vector, std::memory_order_relaxed); }
-
-CopyCalibration host_copy_calibration() {
-  std::lock_guard<std::mutex> g(g_calibration_mu);
-  return g_calibration;
-}
 
 CopyCalibration calibrate_host_copy(uint64_t bytes) {
   CopyCalibration c;
@@ -135,8 +127,6 @@ CopyCalibration calibrate_host_copy(uint64_t bytes) {
   c.vector_gbs = best_vector > 0 ? double(set) / best_vector / 1e9 : 0;
   c.vector = c.vector_gbs > c.memcpy_gbs * kVectorCopyMargin;
   set_vector_copy_preferred(c.vector);
-  std::lock_guard<std::mutex> g(g_calibration_mu);
-  g_calibration = c;
   return c;
 }
 

@@ -53,8 +53,6 @@ constexpr double kVectorCopyMargin = 1.02;
 // several passes each, about a millisecond in all; then host_copy takes the
 // faster for mutually misaligned buffers of any size, process-wide.
 CopyCalibration calibrate_host_copy(uint64_t bytes);
-// The last calibration (bytes 0: none yet), for the init log.
-CopyCalibration host_copy_calibration();
 // Whether the vector loop is taken for misaligned buffers (calibrate_host_copy
 // sets it; tests too).
 bool vector_copy_preferred();

@@ -278,14 +278,10 @@ GetFor LoadQueue::get_for(const Task& t) const {
 }
 
 Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* g, const std::shared_ptr<Task>* mine) {
-  GetFor f = get_for(t);
-  // Where the task's earlier entries left the relaxing: a task past half of
-  // its time with thousands of entries swept strictly for each (3 ms a sweep
-  // at 128k slots) and ended seconds past its deadline (an adversarial run).
-  f.relax = static_cast<ProtectRelax>(t.relax_floor());
   SpaceWait space(this);
   uint64_t since = 0;  // the first NoSpace
   for (;;) {
+    const GetFor f = relaxed_for(t, since);
     space.before_look();
     const Result r = cache_->get(k, g, f);
     if (r != Result::kNoSpace) return r;
@@ -297,13 +293,7 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
                   key_text(k).c_str(), f.relax == ProtectRelax::kNone ? "" : ", or protected for a local rank that had not taken it");
     if (stopping()) return fail(Result::kFinalized, "the cache was finalized");
     if (since == 0) since = now;
-    const ProtectRelax relax = relax_after(t, now, since);
-    if (relax > f.relax) {  // look again at once, under the relaxed rule
-      if (relax == ProtectRelax::kNone) add(ctr_->protect_overrides, 1);
-      f.relax = relax;
-      t.raise_relax_floor(static_cast<uint8_t>(relax));
-      continue;
-    }
+    if (relax_after(t, now, since) > f.relax) continue;  // look again at once, under the relaxed rule
     // Slots this rank has not taken may be protected until it does, and the
     // ranks that loaded them wait for slots this rank's loads hold: take
     // what of the task they serve now, not after our stride, then look again.

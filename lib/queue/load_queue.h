@@ -73,6 +73,7 @@
 // deadline never waits for I/O depth: its entry fails with kTimeout.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -335,9 +336,17 @@ class LoadQueue {
   // its load started); otherwise *look says kWaiting (it.next_look_ns set)
   // or kEnded (failed, or a dump's owner that wrote the bytes through).
   bool look_for_slot(Item& it, uint32_t* w, Look* look);
-  // The rule of look_for_slot's get: the task's relax floor, relaxed by how
-  // long the get has waited for space since `since` (0: its first look).
-  GetFor relaxed_for(const Task& t, uint64_t since, uint64_t now);
+  // The rule of a get that may wait for space (get_with_backpressure,
+  // look_for_slot): the task's relax floor, relaxed by how long the get has
+  // waited since `since` (0: its first look), raising the floor and counting
+  // an override as it relaxes.
+  GetFor relaxed_for(const Task& t, uint64_t since);
+  // The bound of the next pause between looks for space after `step` (0:
+  // the first): doubling from no_space_backoff_ns to its bound.
+  uint64_t next_space_step(uint64_t step) const {
+    return step == 0 ? opts_.no_space_backoff_ns
+                     : std::min(step * 2, std::max(opts_.no_space_backoff_max_ns, opts_.no_space_backoff_ns));
+  }
   // Idle with an owner: kWaiting, or the deadline's outcome.
   Look owner_filling(Item& it, uint32_t* w);
   // Queues the Ready slot's copy to the caller's buffer (flush_copies starts it).

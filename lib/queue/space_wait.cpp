@@ -105,17 +105,18 @@ void LoadQueue::SpaceWait::sleep(uint64_t until_ns) {
     q->space_wakes_.fetch_add(1, std::memory_order_relaxed);
     step_ns = q->opts_.no_space_backoff_ns;  // something freed: the next wait starts short again
   } else {
-    step_ns = std::min(step_ns * 2, std::max(q->opts_.no_space_backoff_max_ns, q->opts_.no_space_backoff_ns));
+    step_ns = q->next_space_step(step_ns);
   }
 }
 
-GetFor LoadQueue::relaxed_for(const Task& t, uint64_t since, uint64_t now) {
-  // As get_with_backpressure's loop, one look a call: the first at the
-  // task's relax floor, the later ones relaxed by how long this get waited.
+GetFor LoadQueue::relaxed_for(const Task& t, uint64_t since) {
+  // Where the task's earlier entries left the relaxing: a task past half of
+  // its time with thousands of entries swept strictly for each (3 ms a sweep
+  // at 128k slots) and ended seconds past its deadline (an adversarial run).
   GetFor f = get_for(t);
   f.relax = static_cast<ProtectRelax>(t.relax_floor());
-  if (since == 0) return f;
-  const ProtectRelax relax = relax_after(t, now, since);
+  if (since == 0) return f;  // the first look: no clock read (every miss takes it)
+  const ProtectRelax relax = relax_after(t, now_ns(), since);
   if (relax > f.relax) {
     if (relax == ProtectRelax::kNone) add(ctr_->protect_overrides, 1);
     f.relax = relax;
@@ -135,7 +136,7 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
   }
   *look = Look::kWaiting;
   if (now < it.next_look_ns) return false;  // never past the deadline: the last look is at it
-  const GetFor f = relaxed_for(t, it.space_since, now);
+  const GetFor f = relaxed_for(t, it.space_since);
   const uint64_t cpu0 = thread_cpu_ns();
   GetResult g;
   const Result r = cache_->get(e.key, &g, f);
@@ -169,9 +170,7 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
   // look cost, never past the deadline or the relaxing's next step. The copier
   // does not sleep on the space bell (it sleeps on its entries' words).
   if (it.space_since == 0) it.space_since = now;
-  it.space_step_ns = it.space_step_ns == 0 ? opts_.no_space_backoff_ns
-                                           : std::min(it.space_step_ns * 2, std::max(opts_.no_space_backoff_max_ns,
-                                                                                      opts_.no_space_backoff_ns));
+  it.space_step_ns = next_space_step(it.space_step_ns);
   const uint64_t cpu1 = thread_cpu_ns();
   const uint64_t look_ns = cpu1 > cpu0 ? cpu1 - cpu0 : 0;
   it.next_look_ns = std::min({t.deadline_ns(), next_relax_ns(t, it.space_since, f.relax),
