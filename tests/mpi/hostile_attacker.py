@@ -3,8 +3,15 @@
 (@ucmcache.*) that appears in /proc/net/unix gets three connections: one
 sends garbage, one sends a well-formed-looking hello with a forged fd (a
 memfd of junk), one says nothing and stays open. Prints how many sockets it
-reached. usage: hostile_attacker.py SECONDS"""
-import array, os, socket, sys, time
+reached. It stops early on SIGTERM (the job it attacks has ended), so a test
+waits for the job, not for SECONDS. usage: hostile_attacker.py SECONDS"""
+import array, os, signal, socket, sys, time
+
+stopping = False
+
+def stop(signum, frame):
+    global stopping
+    stopping = True
 
 def names():
     out = set()
@@ -35,7 +42,8 @@ def attack(name, held):
 def main():
     until = time.monotonic() + float(sys.argv[1])
     seen, held = set(), []
-    while time.monotonic() < until:
+    signal.signal(signal.SIGTERM, stop)
+    while not stopping and time.monotonic() < until:
         for n in names() - seen:
             seen.add(n)
             attack(n, held)

@@ -28,10 +28,12 @@ check() {
   if [ -n "${4:-}" ] && ! echo "$3" | grep -q -- "$4"; then echo "FAIL: $1: no '$4' in the output"; fail=1; fi
 }
 # 1. The boot socket under attack.
-as_nobody /usr/bin/python3 "$attacker" 25 > "$work/attacker.out" 2>&1 &
+# setpriv execs python, so $! is the attacker itself (a function would fork).
+setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 "$attacker" 25 > "$work/attacker.out" 2>&1 &
 apid=$!
 sleep 0.5
 out=$("$mpirun" --oversubscribe --timeout 60 -np "$np" "$prog" boot 15 2>&1)
+kill -TERM "$apid" 2>/dev/null  # the job is over: nothing more to attack
 wait "$apid"
 check "boot socket attacked" "$np" "$out
 $(cat "$work/attacker.out")" "attacker: reached"
