@@ -126,6 +126,10 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
     std::lock_guard<std::mutex> g(mu_);
     fresh = stopping_ || !items_.empty();
   }
+  // An unsent entry waits for depth: a completion after the bell was read
+  // rings it (on_io_done); one before shows here.
+  const bool unsent = std::any_of(waiting.begin(), waiting.end(), [](const Item& it) { return it.unsent; });
+  if (unsent && !fresh) fresh = depth_free();
   if (!fresh) {
     const uint64_t until = std::min({next_expiry, now_ns() + kStopCheckNs, fill_wait_lists(waiting, l)});
     UCM_TRACE(TraceRange::kWaitReady);
@@ -144,6 +148,8 @@ uint64_t LoadQueue::fill_wait_lists(const std::vector<Item>& waiting, WaitLists*
     earliest_deadline = std::min(earliest_deadline, it.task->deadline_ns());
     if (it.slotless) {  // no word to wait on: its next look for a slot bounds the sleep
       until = std::min(until, it.next_look_ns);
+    } else if (it.unsent) {  // its own slot, Idle: the ring of a depth given back wakes it
+      continue;
     } else if (it.on_stored) {  // a dump waiting for another write-through's outcome
       l->stored_slots.push_back(it.slot);
       l->stored_seen.push_back(it.stored_seen);
@@ -213,14 +219,38 @@ bool LoadQueue::drop_lost_slot(Item& it, uint64_t started) {
 }
 
 bool LoadQueue::load_as_owner(Item& it, uint32_t* w) {
-  const Result r = start_load(it.task, it.index, it.slot);
-  if (r != Result::kOk) {
-    (void)cache_->mark_failed(it.slot);
-    fail_item(it, r, key_text(it.task->entries()[it.index].key) + ": " + last_error());
-    return false;
-  }
+  // Never a wait for I/O depth here: the copier's other entries would wait
+  // behind the older I/Os, until a hung one's deadline. Without a depth the
+  // entry keeps its slot, owned and unsent, and send_unsent sends it later.
+  it.unsent = true;
   *w = cache_->word(it.slot);
-  return true;
+  Look look = Look::kWaiting;
+  return send_unsent(it, &look) || look == Look::kWaiting;
+}
+
+bool LoadQueue::send_unsent(Item& it, Look* look) {
+  const TaskEntry& e = it.task->entries()[it.index];
+  *look = Look::kWaiting;
+  const bool stop = stopping();
+  if (!stop && now_ns() < it.task->deadline_ns()) {
+    if (!claim_depth(true)) return false;
+    it.unsent = false;
+    send_load(it.task, it.index, it.slot);
+    return true;
+  }
+  // Peers waiting on the slot take the load over.
+  (void)cache_->mark_failed(it.slot);
+  add(ctr_->wait_ns, now_ns() - it.started);
+  if (stop) {
+    fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized before its load was sent");
+  } else {
+    fail_item(it, Result::kTimeout,
+              key_text(e.key) + ": the task's deadline passed before its load was sent" +
+                  (depth_free() ? std::string()
+                                : " (all " + std::to_string(opts_.io_depth) + " of this rank's backend I/Os in flight)"));
+  }
+  *look = Look::kEnded;
+  return false;
 }
 
 bool LoadQueue::process(Item& it) {
@@ -238,6 +268,7 @@ LoadQueue::Look LoadQueue::await_ready(Item& it, uint32_t* w) {
   for (;;) {
     Look look = Look::kWaiting;
     if (it.slotless && !look_for_slot(it, w, &look)) return look;
+    if (it.unsent && !send_unsent(it, &look)) return look;
     const State s = SlotView(*w).state();
     if (s == State::kReady) return Look::kReady;
     if (s == State::kCorrupt) {

@@ -559,14 +559,9 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
     // I/Os past their deadline give their depth back here too: the
     // dispatcher is never held behind a hung load past its deadline.
     const uint64_t next_expiry = expire_due_ios();
-    std::unique_lock<std::mutex> lk(io_mu_);
-    if (io_inflight_ < opts_.io_depth) {
-      ++io_inflight_;
-      break;
-    }
-    lk.unlock();
+    if (claim_depth(false)) break;
     if (stopping()) {  // let it go through: the backend completes it on shutdown
-      lk.lock();
+      std::lock_guard<std::mutex> g(io_mu_);
       ++io_inflight_;
       break;
     }
@@ -576,12 +571,30 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
                   key_text(t->entries()[index].key).c_str(), opts_.io_depth);
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
     if (t_dispatching == this) flush_batch();
-    lk.lock();
+    std::unique_lock<std::mutex> lk(io_mu_);
     if (io_inflight_ >= opts_.io_depth) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }
+  send_load(t, index, slot);
+  return Result::kOk;
+}
+
+bool LoadQueue::claim_depth(bool copier) {
+  std::lock_guard<std::mutex> g(io_mu_);
+  const bool free = io_inflight_ < opts_.io_depth;
+  if (free) ++io_inflight_;
+  if (copier) depth_wanted_ = !free;
+  return free;
+}
+
+bool LoadQueue::depth_free() const {
+  std::lock_guard<std::mutex> g(io_mu_);
+  return io_inflight_ < opts_.io_depth;
+}
+
+void LoadQueue::send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, nullptr, index, slot, true};
-  io->deadline_ns = deadline;
+  io->deadline_ns = t->deadline_ns();
   io->word = cache_->word(slot);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
@@ -591,7 +604,6 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
   add(ctr_->backend_loads, 1);
   track_io(io);
   backend_->load(&io->req);
-  return Result::kOk;
 }
 
 void LoadQueue::track_io(Io* io) {
@@ -632,6 +644,10 @@ uint64_t LoadQueue::expire_due_ios() {
       --io_inflight_;
     }
     if (!due.empty()) last_backend_error_ = "the store did not complete the load by the task's deadline";
+    if (!due.empty() && depth_wanted_) {  // as on_io_done: the copier may sleep with an unsent entry
+      depth_wanted_ = false;
+      cache_->ring_bell();
+    }
   }
   if (due.empty()) return next;
   io_cv_.notify_all();
@@ -672,9 +688,16 @@ void LoadQueue::on_io_done(IoRequest* req) {
   delete io;
   // The notify under the lock: once anyone reads the count at zero, this
   // store thread touches the queue no more (its owner may then destroy it).
+  // For the same reason the copier's ring for depth comes under it too: the
+  // copier looks at the depth after reading the bell (sleep_on_waiting), so
+  // a ring after the count went down is never lost.
   std::lock_guard<std::mutex> g(q->io_mu_);
   --q->io_inflight_;
   q->io_cv_.notify_all();
+  if (q->depth_wanted_) {
+    q->depth_wanted_ = false;
+    q->cache_->ring_bell();
+  }
 }
 
 bool LoadQueue::untrack_io(Io* io) {

@@ -70,7 +70,10 @@
 // word says WriteFailed (the bytes are not known to be in the store). The
 // store's late completion of an expired I/O only drops the I/O's pin and is
 // counted (late_completions()); it never marks a slot. A task past its
-// deadline never waits for I/O depth: its entry fails with kTimeout.
+// deadline never waits for I/O depth: its entry fails with kTimeout. Only
+// the dispatcher waits for depth in place (start_load); an entry the copier
+// comes to own with no depth left stays owned and unsent, and the copier sends
+// it in a later round (send_unsent), serving its other entries meanwhile.
 #pragma once
 
 #include <algorithm>
@@ -185,6 +188,9 @@ class LoadQueue {
     // the slot's stored word to leave stored_seen (stored_outcome).
     bool on_stored = false;
     uint32_t stored_seen = 0;
+    // The copier owns its slot's load but found every one of the rank's
+    // io_depth I/Os in flight: the load is sent in a later round (send_unsent).
+    bool unsent = false;
   };
   // What the copier sleeps on (sleep_on_waiting): its entries' slot words and
   // its dumps' stored words, reused from round to round.
@@ -271,7 +277,15 @@ class LoadQueue {
   // some rank serves, each with one get() that never waits for space; true
   // when it dispatched any. Never nests (taking_served_).
   bool take_served(const std::shared_ptr<Task>& t);
+  // The dispatcher's: waits for I/O depth (bounded by t's deadline and the
+  // older I/Os' deadlines), then sends the load.
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
+  // Takes one of io_depth if one is free. The copier's calls (`copier`) note
+  // whether it now waits for one (depth_wanted_: a completion then rings).
+  bool claim_depth(bool copier);
+  bool depth_free() const;
+  // Sends the load of an owned slot, with a depth claimed for it.
+  void send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
   void start_write(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   // Preallocates (block, shard + 1) for t's entries: one bounded pass, run
@@ -283,8 +297,8 @@ class LoadQueue {
   // One look at an entry, never sleeping on its slot: true when it is done
   // (copied, written, or failed), false while it waits (it.word).
   bool process(Item& it);
-  // This rank owns the entry's slot now: start its load. False when that
-  // failed (the slot is marked Failed and the entry failed).
+  // This rank owns the entry's slot now: start its load, or leave it unsent
+  // when no I/O depth is free. False when the entry failed (its slot marked Failed).
   bool load_as_owner(Item& it, uint32_t* w);
   // A dump entry's look (process): true when it ended, false while it waits
   // (on its slot's word, its stored word, or for a slot).
@@ -327,6 +341,9 @@ class LoadQueue {
   // the copier's other entries (it.word set), or ended (failed).
   enum class Look : uint8_t { kReady, kWaiting, kEnded };
   Look await_ready(Item& it, uint32_t* w);
+  // An unsent entry's look (await_ready): true once its load is sent;
+  // otherwise *look says kWaiting, or kEnded (its deadline, the stop).
+  bool send_unsent(Item& it, Look* look);
   // The slot is Failed or has no owner: get the key again (its load was
   // abandoned) or take the load over; false when the entry failed.
   bool retry_load(Item& it, uint32_t* w);
@@ -400,6 +417,9 @@ class LoadQueue {
   std::atomic<uint64_t> late_completions_{0};
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
+  // The copier holds an unsent entry and found no depth (under io_mu_): a
+  // completion that gives depth back rings the doorbell it sleeps on.
+  bool depth_wanted_ = false;
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
   // This rank's waits for space in progress (the dispatcher's; the copier
   // never waits for space): the rank's bit in space_waiting stays while any does; stop() rings.

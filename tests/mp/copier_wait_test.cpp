@@ -506,5 +506,113 @@ TEST(CopierLoad, AKilledOwnerIsFoundWhileOtherRanksRingTheDoorbell) {
   EXPECT_EQ(sh->result.load(), static_cast<uint32_t>(Result::kOk)) << "the dead owner was found only at the deadline";
 }
 
+// An entry the copier comes to own (a take-over, or a key got again) while
+// every one of the rank's io_depth I/Os is in flight never holds back the
+// copier's other entries. The copier used to wait for depth inside
+// start_load, until an older I/O ended or expired; with a hung store that is
+// the hung load's deadline, and a hit queued behind ended with it. Now the
+// entry stays owned and unsent, and the copier sends it in a later round.
+//
+// Rank 0's queue has io_depth 1, taken by A = {H}, a load the store never
+// completes (A's deadline 4 s). Rank 1 (bare) owns X and fills Y (hit_key). Rank 0
+// submits B = {X}: a waiter, in the copier. Rank 1 abandons X's load (its
+// I/O pin stays), so rank 0's copier gets X again, as owner, with no depth
+// left. Then rank 0 submits C = {Y}, a hit: C ends while A still waits for H;
+// B loads X once H's I/O expires at A's deadline.
+constexpr uint64_t kTaskAMs = 4000;
+Key hung_key() { return key(93201, 0); }
+Key hit_key() { return key(93203, 0); }
+
+struct DepthShared {
+  ShmSignal ready;    // rank 1 owns X and holds Y, Ready
+  ShmSignal waiting;  // rank 0's copier waits on X; H's load holds the depth
+  ShmSignal owns;     // rank 0 owns X again, in a slot of its own
+  ShmSignal finished; // rank 0 is done
+  std::atomic<uint32_t> x_slot{0};
+  std::atomic<uint64_t> c_ms{0};
+};
+
+void abandon_x_for_owner(const TestCache& parent, DepthShared* sh) {
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  TestCache& mine = bare.mine;
+  CacheBuffer& cb = *bare.cb;
+  uint32_t x = 0, y = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, hit_key(), &y));
+  sim_fill(hit_key(), cb.data_at(y), kShardBytes);
+  ASSERT_EQ(cb.mark_ready(y), Result::kOk) << last_error();
+  sh->x_slot.store(x);
+  sh->ready.set(1);
+  ASSERT_TRUE(sh->waiting.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_EQ(cb.abandon_load(x, cb.word(x)), Result::kOk) << last_error();
+  // Rank 0's copier owns X in another slot (get() made it owner; it then
+  // needs a depth it cannot have until A's deadline).
+  auto owned = [&] {
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      const SlotView v(cb.word(s));
+      if (s != x && cb.holds_key(s, x_key()) && v.state() == State::kIdle && !v.is_unowned() && v.owner() == 0)
+        return true;
+    }
+    return false;
+  };
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (!owned() && now_ns() < until) usleep(200);
+  ASSERT_TRUE(owned()) << "rank 0's copier never took X's load over";
+  sh->owns.set(1);
+  ASSERT_TRUE(sh->finished.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  cb.release(x);
+  cb.release(y);
+  mine.ctrl.leave(1);
+}
+
+void own_without_depth(const TestCache& parent, DepthShared* sh) {
+  ASSERT_TRUE(sh->ready.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  qo.io_depth = 1;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  me.store->hang_key(hung_key());
+  std::vector<uint8_t> da(kShardBytes, 0xee), db(kShardBytes, 0xee), dc(kShardBytes, 0xee);
+  const uint64_t t0 = now_ns();
+  auto a = load_task(1, hung_key(), da.data(), kTaskAMs);
+  ASSERT_EQ(me.queue->submit(a), Result::kOk) << last_error();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (me.queue->io_in_flight() == 0 && now_ns() < until) usleep(200);
+  ASSERT_EQ(me.queue->io_in_flight(), 1u) << "H's load never went to the store";
+  auto b = load_task(2, x_key(), db.data(), kTaskBMs);
+  ASSERT_EQ(me.queue->submit(b), Result::kOk) << last_error();
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint32_t x = sh->x_slot.load();
+  while (!word_has_waiters(ctrl.slot(x).word.load()) && now_ns() < until) usleep(200);
+  ASSERT_TRUE(word_has_waiters(ctrl.slot(x).word.load())) << "rank 0's copier never waited on X";
+  sh->waiting.set(1);
+  ASSERT_TRUE(sh->owns.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  auto c = load_task(3, hit_key(), dc.data(), kTaskBMs);
+  ASSERT_EQ(me.queue->submit(c), Result::kOk) << last_error();
+  ASSERT_TRUE(c->wait_until(deadline_after_ms(kDeadlineMs))) << "task C hung";
+  sh->c_ms.store((now_ns() - t0) / 1'000'000);
+  EXPECT_FALSE(a->done()) << "task C (a hit) ended only after A's hung load gave its I/O depth back, at "
+                          << sh->c_ms.load() << " ms: the copier waited for depth in place";
+  EXPECT_EQ(c->result(), Result::kOk) << c->error();
+  EXPECT_EQ(sim_verify(hit_key(), dc.data(), kShardBytes), kShardBytes);
+  ASSERT_TRUE(a->wait_until(deadline_after_ms(kDeadlineMs))) << "task A hung";
+  EXPECT_EQ(a->result(), Result::kTimeout) << a->error();
+  ASSERT_TRUE(b->wait_until(deadline_after_ms(kDeadlineMs))) << "task B hung";
+  EXPECT_EQ(b->result(), Result::kOk) << b->error();
+  EXPECT_EQ(sim_verify(x_key(), db.data(), kShardBytes), kShardBytes);
+  sh->finished.set(1);
+  me.close(0);
+}
+
+TEST(CopierDepth, AnEntryWaitingForIoDepthDoesNotHoldBackTheCopiesOfOthers) {
+  Shared<DepthShared> sh;
+  run_pair(abandon_x_for_owner, own_without_depth, sh);
+  std::printf("[CopierDepth] task C (a hit) ended at %llu ms; A's deadline %llu ms\n",
+              static_cast<unsigned long long>(sh->c_ms.load()), static_cast<unsigned long long>(kTaskAMs));
+}
+
 }  // namespace
 }  // namespace ucm::test
