@@ -168,7 +168,14 @@ uint64_t LoadQueue::fill_wait_lists(const std::vector<Item>& waiting, WaitLists*
   return std::min(until, earliest_deadline);
 }
 
+void LoadQueue::count_wait(Item& it) {
+  if (it.started == 0) return;  // counted already
+  add(ctr_->wait_ns, now_ns() - it.started);
+  it.started = 0;
+}
+
 void LoadQueue::fail_item(Item& it, Result r, const std::string& why) {
+  count_wait(it);
   cache_->release(it.slot);
   add(ctr_->failed_shards, 1);
   it.task->entry_failed(it.index, r, why);
@@ -185,30 +192,30 @@ std::string LoadQueue::corrupt_text(const Key& k, uint32_t slot, uint32_t w) {
          "); not retried";
 }
 
-void LoadQueue::fail_slotless(Item& it, uint64_t started, Result r, const std::string& why) {
-  add(ctr_->wait_ns, now_ns() - started);
+void LoadQueue::fail_slotless(Item& it, Result r, const std::string& why) {
+  count_wait(it);
   add(ctr_->failed_shards, 1);
   it.task->entry_failed(it.index, r, why);
 }
 
-bool LoadQueue::drop_lost_slot(Item& it, uint64_t started) {
+bool LoadQueue::drop_lost_slot(Item& it) {
   const TaskEntry& e = it.task->entries()[it.index];
   cache_->release(it.slot);
   it.slot = kNoSlot;
   if (now_ns() >= it.task->deadline_ns()) {
-    fail_slotless(it, started, Result::kTimeout,
+    fail_slotless(it, Result::kTimeout,
                   key_text(e.key) + ": the store did not complete its load by the task's deadline" +
                       (it.task->kind() == TaskKind::kDump ? " (a load of the key the dump waited for)" : ""));
     return false;
   }
   if (++it.failures > opts_.load_retries) {
-    fail_slotless(it, started, Result::kTimeout,
+    fail_slotless(it, Result::kTimeout,
                   key_text(e.key) + ": its load was abandoned at a deadline " + std::to_string(it.failures) + " times" +
                       (it.task->kind() == TaskKind::kDump ? " (loads of the key the dump waited for)" : ""));
     return false;
   }
   if (stopping()) {
-    fail_slotless(it, started, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    fail_slotless(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
     return false;
   }
   it.slotless = true;  // look_for_slot gets the key again
@@ -240,7 +247,6 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   }
   // Peers waiting on the slot take the load over.
   (void)cache_->mark_failed(it.slot);
-  add(ctr_->wait_ns, now_ns() - it.started);
   if (stop) {
     fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized before its load was sent");
   } else {
@@ -272,7 +278,6 @@ LoadQueue::Look LoadQueue::await_ready(Item& it, uint32_t* w) {
     const State s = SlotView(*w).state();
     if (s == State::kReady) return Look::kReady;
     if (s == State::kCorrupt) {
-      add(ctr_->wait_ns, now_ns() - it.started);
       fail_item(it, Result::kCorrupt, corrupt_text(it.task->entries()[it.index].key, it.slot, *w));
       return Look::kEnded;
     }
@@ -290,7 +295,7 @@ bool LoadQueue::retry_load(Item& it, uint32_t* w) {
     // Its load was abandoned at its deadline: the key, not the slot, is taken
     // over. The copier never waits for space here (look_for_slot): the only
     // slot that could free may be one it holds for an entry it has yet to copy.
-    return drop_lost_slot(it, it.started);
+    return drop_lost_slot(it);
   }
   if (SlotView(*w).state() == State::kFailed && ++it.failures > opts_.load_retries) {
     std::string why;
@@ -298,7 +303,6 @@ bool LoadQueue::retry_load(Item& it, uint32_t* w) {
       std::lock_guard<std::mutex> g(io_mu_);
       why = last_backend_error_;
     }
-    add(ctr_->wait_ns, now_ns() - it.started);
     fail_item(it, Result::kBackend,
               key_text(e.key) + ": the backend load failed " + std::to_string(it.failures) + " times" +
                   (why.empty() ? "" : " (last error here: " + why + ")"));
@@ -325,7 +329,6 @@ LoadQueue::Look LoadQueue::owner_filling(Item& it, uint32_t* w) {
       *w = again;
       return Look::kReady;
     }
-    add(ctr_->wait_ns, now_ns() - it.started);
     fail_item(it, Result::kTimeout,
               key_text(e.key) + ": still loading by local rank " + std::to_string(SlotView(*w).owner()) +
                   " at the task's deadline");
@@ -337,7 +340,7 @@ LoadQueue::Look LoadQueue::owner_filling(Item& it, uint32_t* w) {
 
 void LoadQueue::start_copy(Item& it) {
   const TaskEntry& e = it.task->entries()[it.index];
-  add(ctr_->wait_ns, now_ns() - it.started);
+  count_wait(it);
   uint64_t ticket = 0;
   UCM_TRACE(TraceRange::kCopy);
   Result r = copy_stream_->copy(e.dst, cache_->data_at(it.slot), cache_->ctrl().slot_bytes(), &ticket);

@@ -85,12 +85,11 @@ bool LoadQueue::process_dump(Item& it) {
     if (s == State::kReady) return dump_ready(it);
     const bool unowned = SlotView(w).is_unowned();
     if ((s == State::kFailed || unowned) && !cache_->holds_key(it.slot, e.key)) {
-      if (!drop_lost_slot(it, it.started)) return true;
+      if (!drop_lost_slot(it)) return true;
       continue;  // look_for_slot gets the key again
     }
     if (s == State::kFailed || s == State::kCorrupt || unowned) {
       if (s == State::kFailed && ++it.failures > opts_.load_retries) {
-        add(ctr_->wait_ns, now_ns() - it.started);
         fail_item(it, Result::kBackend,
                   key_text(e.key) + ": the slot failed " + std::to_string(it.failures) + " times while it was filled");
         return true;
@@ -98,7 +97,6 @@ bool LoadQueue::process_dump(Item& it) {
       // Nobody else will fill it: fill it from our bytes and write them
       // through (a corrupt copy is replaced, in the cache and the store).
       if (cache_->try_take_over(it.slot, w, true)) {
-        add(ctr_->wait_ns, now_ns() - it.started);
         dump_as_owner(it);
         return true;
       }
@@ -112,6 +110,7 @@ bool LoadQueue::process_dump(Item& it) {
 }
 
 void LoadQueue::dump_as_owner(Item& it) {
+  count_wait(it);  // the entry ends with its write-through
   const Result r = write_dump(it.task, it.index, it.slot, copy_stream_.get());
   if (r != Result::kOk) {
     (void)cache_->mark_failed(it.slot);
@@ -128,12 +127,11 @@ bool LoadQueue::dump_ready(Item& it) {
     uint32_t sw = 0;
     const Result r = cache_->claim_write(it.slot, &wc, &sw);
     if (r != Result::kOk) {
-      add(ctr_->wait_ns, now_ns() - it.started);
       fail_item(it, r, key_text(e.key) + ": " + last_error());
       return true;
     }
     if (wc != WriteClaim::kBeingWritten) {
-      add(ctr_->wait_ns, now_ns() - it.started);
+      count_wait(it);
       if (wc == WriteClaim::kWriter) start_write(it.task, it.index, it.slot);  // completes the entry
       else it.task->entry_ok();
       cache_->release(it.slot);
@@ -162,7 +160,6 @@ LoadQueue::Look LoadQueue::stored_outcome(Item& it) {
     if (now_ns() < it.task->deadline_ns()) return Look::kWaiting;
     // The last look: at a passed deadline this reaps a dead writer and reads once more.
     if (cache_->wait_store_change(it.slot, it.stored_seen, it.task->deadline_ns(), &sw) != Result::kOk) {
-      add(ctr_->wait_ns, now_ns() - it.started);
       fail_item(it, Result::kTimeout,
                 key_text(e.key) + ": the write-through by local rank " + std::to_string(stored_writer(it.stored_seen)) +
                     " did not end by the task's deadline");
@@ -176,7 +173,7 @@ LoadQueue::Look LoadQueue::stored_outcome(Item& it) {
       it.stored_seen = sw;
       return Look::kWaiting;
     case StoreState::kWriteFailed:
-      add(ctr_->wait_ns, now_ns() - it.started);
+      count_wait(it);
       add(ctr_->failed_shards, 1);
       cache_->release(it.slot);
       it.task->entry_failed(it.index, Result::kBackend,
@@ -184,7 +181,7 @@ LoadQueue::Look LoadQueue::stored_outcome(Item& it) {
                                 "'s write-through failed (the store did not take the bytes)");
       return Look::kEnded;
     case StoreState::kStored:
-      add(ctr_->wait_ns, now_ns() - it.started);
+      count_wait(it);
       cache_->release(it.slot);
       it.task->entry_ok();
       return Look::kEnded;

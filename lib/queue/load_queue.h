@@ -308,9 +308,12 @@ class LoadQueue {
   // The item's slot lost its key (its load was abandoned): releases it, and
   // the item is slotless (look_for_slot gets the key again); false when the
   // item failed instead (its deadline, its retries, the queue stopping).
-  bool drop_lost_slot(Item& it, uint64_t started);
+  bool drop_lost_slot(Item& it);
   // Fails an entry that holds no slot (fail_item releases one).
-  void fail_slotless(Item& it, uint64_t started, Result r, const std::string& why);
+  void fail_slotless(Item& it, Result r, const std::string& why);
+  // Adds the entry's wait since its first look to wait_ns, once (it.started
+  // is zeroed): every ending of an entry calls it, fail_item's included.
+  void count_wait(Item& it);
   // Expires every I/O past its deadline; the earliest deadline left.
   uint64_t expire_due_ios();
   void track_io(Io* io);

@@ -130,7 +130,7 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
   const TaskEntry& e = t.entries()[it.index];
   const uint64_t now = now_ns();
   if (stopping()) {
-    fail_slotless(it, it.started, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
+    fail_slotless(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized while waiting for it");
     *look = Look::kEnded;
     return false;
   }
@@ -154,12 +154,12 @@ bool LoadQueue::look_for_slot(Item& it, uint32_t* w, Look* look) {
     return false;
   }
   if (r != Result::kNoSpace) {
-    fail_slotless(it, it.started, r, key_text(e.key) + ": " + last_error());
+    fail_slotless(it, r, key_text(e.key) + ": " + last_error());
     *look = Look::kEnded;
     return false;
   }
   if (now >= t.deadline_ns()) {  // as the dispatcher's: the look first, then the deadline
-    fail_slotless(it, it.started, Result::kNoSpace,
+    fail_slotless(it, Result::kNoSpace,
                   key_text(e.key) + ": no free cache slot before the task's deadline (its load was abandoned, and " +
                       "every slot stayed pinned or protected since)");
     *look = Look::kEnded;
