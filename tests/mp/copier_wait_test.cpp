@@ -123,10 +123,7 @@ std::shared_ptr<Task> load_task(uint64_t id, const Key& k, uint8_t* dst, uint64_
 void load_both(const TestCache& parent, CopierShared* sh) {
   ASSERT_TRUE(sh->full.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
-  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, solo_queue(), kShardBytes, kDeadlineMs));
   std::vector<uint8_t> dc(kShardBytes, 0xee), db(kShardBytes, 0xee);
   const uint64_t t0 = now_ns();
   auto c = load_task(1, z_key(), dc.data(), kTaskCMs);
@@ -229,9 +226,7 @@ void abandon_then_reload(const TestCache& parent, LastLookShared* sh) {
 void load_x_slotless(const TestCache& parent, LastLookShared* sh) {
   ASSERT_TRUE(sh->full.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
+  QueueOptions qo = solo_queue();
   qo.no_space_backoff_ns = 60'000'000'000;  // pauses end at the relaxing's steps and the deadline only
   qo.no_space_backoff_max_ns = qo.no_space_backoff_ns;
   ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
@@ -301,10 +296,7 @@ void write_forever(const TestCache& parent, DumpShared* sh) {
 void dump_then_load(const TestCache& parent, DumpShared* sh) {
   ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
-  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, solo_queue(), kShardBytes, kDeadlineMs));
   std::vector<uint8_t> src(kShardBytes), dst(kShardBytes, 0xee);
   fill_pattern(src.data(), kShardBytes, k_key());
   std::vector<TaskEntry> de(1);
@@ -370,9 +362,7 @@ void write_then_die(const TestCache& parent, KilledShared* sh) {
 void dump_past_a_dead_writer(const TestCache& parent, KilledShared* sh, WaitMode mode) {
   ASSERT_TRUE(sh->writing.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
+  QueueOptions qo = solo_queue();
   CacheOptions co;
   co.wait = mode;
   ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, co, qo, kShardBytes, kDeadlineMs));
@@ -468,10 +458,7 @@ void own_then_die(const TestCache& parent, OwnerShared* sh) {
 void load_past_a_dead_owner(const TestCache& parent, OwnerShared* sh) {
   ASSERT_TRUE(sh->owning.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
-  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, solo_queue(), kShardBytes, kDeadlineMs));
   std::vector<uint8_t> dst(kShardBytes, 0xee);
   auto t = load_task(1, z_key(), dst.data(), kTaskBMs);
   ASSERT_EQ(me.queue->submit(t), Result::kOk) << last_error();
@@ -569,9 +556,7 @@ void abandon_x_for_owner(const TestCache& parent, DepthShared* sh) {
 void own_without_depth(const TestCache& parent, DepthShared* sh) {
   ASSERT_TRUE(sh->ready.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
+  QueueOptions qo = solo_queue();
   qo.io_depth = 1;
   ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
   me.store->hang_key(hung_key());

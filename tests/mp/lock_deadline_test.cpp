@@ -66,9 +66,7 @@ void hold_lock(const TestCache& parent, LockShared* sh) {
 void run_tasks(const TestCache& parent, LockShared* sh) {
   ASSERT_TRUE(sh->locked.wait_ge(1, deadline_after_ms(hang_ms())));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
+  QueueOptions qo = solo_queue();
   CacheOptions co;
   co.lock_timeout_ms = kLockTimeoutMs;
   ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, co, qo, kShardBytes, hang_ms()));

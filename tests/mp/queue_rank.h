@@ -13,6 +13,16 @@
 
 namespace ucm::test {
 
+// The options of a queue that is its node's only loader (local_size 1: no
+// peers' strides, no owner grace), preallocation off (the tests count what a
+// task asks for).
+inline QueueOptions solo_queue() {
+  QueueOptions qo;
+  qo.local_size = 1;
+  qo.prealloc = false;
+  return qo;
+}
+
 struct QueueRank : QueuePath {
   // Joins as local rank `rank` (co.rank and qo.local_rank are set here; the
   // rest of co and qo is the caller's) over a sim store of 1 ms latency and

@@ -82,9 +82,7 @@ void pin_all(const TestCache& parent, SpaceShared* sh) {
 void wait_for_space(const TestCache& parent, SpaceShared* sh) {
   ASSERT_TRUE(sh->full.wait_ge(1, deadline_after_ms(kDeadlineMs)));
   QueueRank me;
-  QueueOptions qo;
-  qo.local_size = 1;
-  qo.prealloc = false;
+  QueueOptions qo = solo_queue();
   qo.no_space_backoff_ns = kBackoffNs;
   qo.no_space_backoff_max_ns = kBackoffMaxNs;
   ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, CacheOptions{}, qo, kShardBytes, kDeadlineMs));
