@@ -239,7 +239,8 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   const TaskEntry& e = it.task->entries()[it.index];
   *look = Look::kWaiting;
   const bool stop = stopping();
-  if (!stop && now_ns() < it.task->deadline_ns()) {
+  const bool stuck = !stop && load_stuck(e.key);
+  if (!stop && !stuck && now_ns() < it.task->deadline_ns()) {
     if (!claim_depth(true)) return false;
     it.unsent = false;
     send_load(it.task, it.index, it.slot);
@@ -249,6 +250,8 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   (void)cache_->mark_failed(it.slot);
   if (stop) {
     fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized before its load was sent");
+  } else if (stuck) {
+    fail_item(it, Result::kTimeout, stuck_text(e.key));
   } else {
     fail_item(it, Result::kTimeout,
               key_text(e.key) + ": the task's deadline passed before its load was sent" +

@@ -555,6 +555,7 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
   if (now_ns() >= deadline)  // a load sent now would be abandoned at once (a fan-out fallback past its task's deadline)
     return fail(Result::kTimeout, "%s: the task's deadline passed before its load was sent",
                 key_text(t->entries()[index].key).c_str());
+  if (load_stuck(t->entries()[index].key)) return fail(Result::kTimeout, "%s", stuck_text(t->entries()[index].key).c_str());
   for (;;) {
     // I/Os past their deadline give their depth back here too: the
     // dispatcher is never held behind a hung load past its deadline.
@@ -584,6 +585,18 @@ bool LoadQueue::claim_depth(bool copier) {
   if (free) ++io_inflight_;
   if (copier) depth_wanted_ = !free;
   return free;
+}
+
+bool LoadQueue::load_stuck(const Key& k) const {
+  std::lock_guard<std::mutex> g(io_mu_);
+  const auto at = stuck_loads_.find(k);
+  return at != stuck_loads_.end() && at->second >= kStuckLoadsMax;
+}
+
+std::string LoadQueue::stuck_text(const Key& k) const {
+  return key_text(k) +
+         ": the store still holds " + std::to_string(kStuckLoadsMax) +
+         " of this rank's earlier loads of it, past their deadlines; not sent again until the store returns one";
 }
 
 bool LoadQueue::depth_free() const {
@@ -639,6 +652,7 @@ uint64_t LoadQueue::expire_due_ios() {
       note_overdue(io, true);
       expired_ios_.fetch_add(1, std::memory_order_relaxed);
       due.push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
+      if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
       live_ios_[k] = live_ios_.back();
       live_ios_.pop_back();
       --io_inflight_;
@@ -717,6 +731,11 @@ void LoadQueue::drop_late(Io* io) {
   UCM_INFO(kQueue, "rank %u: %s: the store completed an I/O after its deadline; dropped", opts_.local_rank,
            key_text(io->req.key).c_str());
   cache_->release(io->slot);
+  if (io->is_load) {  // the key may be sent to the store again
+    std::lock_guard<std::mutex> g(io_mu_);
+    const auto at = stuck_loads_.find(io->req.key);
+    if (at != stuck_loads_.end() && --at->second == 0) stuck_loads_.erase(at);
+  }
   // Counted once its pin is gone, so a reader that sees the count (acquire)
   // sees the slot released too (test Hang.AHungWriteThroughFailsItsDumpAtTheDeadline
   // saw the count and then the pin, under load).

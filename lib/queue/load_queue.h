@@ -74,6 +74,11 @@
 // the dispatcher waits for depth in place (start_load); an entry the copier
 // comes to own with no depth left stays owned and unsent, and the copier sends
 // it in a later round (send_unsent), serving its other entries meanwhile.
+// A key with kStuckLoadsMax expired loads the store has not returned is not
+// sent again until it returns one (stuck_loads_): its entry fails at once,
+// naming them; one more load would likely hang too, and hold a slot (and
+// maybe a store thread) of its own for as long. One retry is sent: a store
+// that has recovered answers it while the first load is still stuck.
 #pragma once
 
 #include <algorithm>
@@ -284,6 +289,10 @@ class LoadQueue {
   // whether it now waits for one (depth_wanted_: a completion then rings).
   bool claim_depth(bool copier);
   bool depth_free() const;
+  // Whether the store still holds kStuckLoadsMax expired loads of k
+  // (stuck_loads_); the caller fails the entry with stuck_text(k).
+  bool load_stuck(const Key& k) const;
+  std::string stuck_text(const Key& k) const;
   // Sends the load of an owned slot, with a depth claimed for it.
   void send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
@@ -417,6 +426,10 @@ class LoadQueue {
   uint64_t io_inflight_ = 0;
   std::string last_backend_error_;
   std::vector<Io*> live_ios_;  // in flight and not expired
+  // Keys whose loads expired and the store has not returned yet (how many
+  // of each): with kStuckLoadsMax, not sent again until it does (load_stuck).
+  std::unordered_map<Key, uint32_t, KeyHash> stuck_loads_;
+  static constexpr uint32_t kStuckLoadsMax = 2;
   std::atomic<uint64_t> late_completions_{0};
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it

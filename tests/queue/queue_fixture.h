@@ -28,6 +28,7 @@ struct QueueParts {
   uint64_t shard_bytes = 4096;
   uint32_t shards_per_block = 1;
   uint32_t store_latency_us = 0;       // the sim store's
+  uint64_t store_hang_ms = 0;          // the sim store's hang_ms (0: a hung load ends at its destruction)
   CacheOptions cache;                  // rank is set from `rank`
   QueueOptions queue = no_prealloc();  // local_rank is set from `rank`
   std::unique_ptr<CopyEngine> engine;  // null: the host engine of `rank`
@@ -73,6 +74,7 @@ struct QueuePath {
     cache = std::make_unique<CacheBuffer>(&planes.ctrl, &planes.data, p.cache);
     SimOptions so;
     so.latency_us = p.store_latency_us;
+    so.hang_ms = p.store_hang_ms;
     BackendContext ctx;
     ctx.shard_bytes = p.shard_bytes;
     ctx.shards_per_block = p.shards_per_block;

@@ -1,0 +1,94 @@
+// A key of which the store still holds two loads past their deadlines is
+// not sent to the store again until the store returns one: a task that asks
+// for it meanwhile fails at once, naming them. Each retry of one hung key used
+// to send another load that hung too, and each held a slot of its own
+// (pinned until the store lets go of it, so that a late write cannot land in
+// another key's bytes) and, in the posix store's thread engine, an I/O
+// thread: one bad file asked for again and again took the cache's slots and
+// the store's threads one by one (an adversarial run on 4 slots: 47 of 144
+// tasks failed, most with NoSpace). One retry is still sent (a store that
+// recovered answers it: Hang.ALateCompletionWritesNoWrongByteAndLeaksNothing);
+// once the store returns a late load, the key loads again.
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/sim_content.h"
+#include "common/test_util.h"
+#include "common/time.h"
+#include "queue/counters.h"
+#include "queue/queue_fixture.h"
+
+namespace ucm {
+namespace {
+
+constexpr uint64_t kShard = 4096;
+constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
+constexpr uint64_t kFirstMs = 300;   // the first task's deadline: its load expires then
+constexpr uint64_t kHangMs = 2000;   // the store returns each load of the hung key this late
+
+struct OneKey {
+  std::vector<uint8_t> dst = std::vector<uint8_t>(kShard, 0xee);
+  std::shared_ptr<Task> task;
+  OneKey(uint64_t id, const Key& k, uint64_t ms) {
+    std::vector<TaskEntry> es(1);
+    es[0].key = k;
+    es[0].dst = dst.data();
+    task = std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(ms));
+  }
+};
+
+uint32_t slots_pinned(const test::QueuePath& p) {
+  uint32_t n = 0;
+  for (uint32_t s = 0; s < p.planes.ctrl.total_slots(); ++s) n += p.planes.ctrl.pin(0, s).load() != 0;
+  return n;
+}
+
+TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
+  test::QueuePath p;
+  test::QueueParts parts;
+  parts.shard_bytes = kShard;
+  parts.store_hang_ms = kHangMs;
+  ASSERT_NO_FATAL_FAILURE(p.open_alone(8, std::move(parts), kWaitMs));
+  const Key h = test::key(78001, 0);
+  p.store->hang_key(h);
+  const QueueCounters& ctr = queue_counters(p.planes.ctrl.rank(0));
+  OneKey a(1, h, kFirstMs);
+  ASSERT_EQ(p.queue->submit(a.task), Result::kOk) << last_error();
+  ASSERT_TRUE(a.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(a.task->result(), Result::kTimeout) << a.task->error();
+  ASSERT_EQ(ctr.backend_loads.load(), 1u);
+  ASSERT_EQ(p.queue->late_completions(), 0u) << "the store returned the hung load before the test asked again";
+  // One retry goes to the store (it hangs too, and expires).
+  OneKey b(2, h, kFirstMs);
+  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
+  ASSERT_TRUE(b.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(b.task->result(), Result::kTimeout) << b.task->error();
+  ASSERT_EQ(ctr.backend_loads.load(), 2u) << "the retry did not go to the store";
+  ASSERT_EQ(p.queue->late_completions(), 0u) << "the store returned a hung load before the test asked again";
+  // Asked again while the store holds both: not sent.
+  OneKey c(3, h, kWaitMs);
+  ASSERT_EQ(p.queue->submit(c.task), Result::kOk) << last_error();
+  ASSERT_TRUE(c.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(c.task->result(), Result::kTimeout) << c.task->error();
+  EXPECT_NE(c.task->error().find("earlier loads"), std::string::npos) << c.task->error();
+  EXPECT_EQ(ctr.backend_loads.load(), 2u) << "a third load of the hung key went to the store";
+  EXPECT_EQ(slots_pinned(p), 2u) << "only the two hung loads' slots stay pinned by the store";
+  // The store answers new loads again, and returns the first (late): the key loads again.
+  p.store->clear_faults();
+  const uint64_t until = deadline_after_ms(kWaitMs);
+  while (p.queue->late_completions() == 0 && now_ns() < until) usleep(1000);
+  ASSERT_GE(p.queue->late_completions(), 1u) << "the store never returned a hung load";
+  OneKey d(4, h, kWaitMs);
+  ASSERT_EQ(p.queue->submit(d.task), Result::kOk) << last_error();
+  ASSERT_TRUE(d.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(d.task->result(), Result::kOk) << d.task->error();
+  EXPECT_EQ(sim_verify(h, d.dst.data(), kShard), kShard);
+  EXPECT_EQ(ctr.backend_loads.load(), 3u);
+}
+
+}  // namespace
+}  // namespace ucm
