@@ -40,6 +40,11 @@ void LoadQueue::copier_main() {
   while (take_items(&waiting)) {
     const uint64_t next_expiry = expire_due_ios();
     const bool moved = serve_round(&waiting);
+    if (copier_wanted_depth_ &&
+        std::none_of(waiting.begin(), waiting.end(), [](const Item& it) { return it.unsent; })) {
+      copier_wanted_depth_ = false;
+      depth_unwanted();
+    }
     // Every slice, also while rounds keep moving (a busy copier never
     // sleeps, and the sleep is where wait_any looks): are the ranks its
     // entries wait on alive?
@@ -54,6 +59,7 @@ void LoadQueue::copier_main() {
     sleep_on_waiting(waiting, next_expiry, &lists);
   }
   retire_copies(0);
+  if (copier_wanted_depth_) depth_unwanted();
 }
 
 bool LoadQueue::take_items(std::vector<Item>* waiting) {
@@ -241,7 +247,10 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   const bool stop = stopping();
   const bool stuck = !stop && load_stuck(e.key);
   if (!stop && !stuck && now_ns() < it.task->deadline_ns()) {
-    if (!claim_depth(true)) return false;
+    if (!claim_depth(true)) {
+      copier_wanted_depth_ = true;
+      return false;
+    }
     it.unsent = false;
     send_load(it.task, it.index, it.slot);
     return true;

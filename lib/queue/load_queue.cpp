@@ -573,18 +573,33 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
     if (t_dispatching == this) flush_batch();
     std::unique_lock<std::mutex> lk(io_mu_);
-    if (io_inflight_ >= opts_.io_depth) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
+    if (!depth_left_locked(false)) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }
   send_load(t, index, slot);
   return Result::kOk;
 }
 
+bool LoadQueue::depth_left_locked(bool copier) const {
+  // While the copier waits for a place for an unsent entry, the dispatcher
+  // leaves it one: woken by io_cv_ at every completion, the dispatcher would
+  // otherwise always be first, and the copier (woken by a ring, or by its
+  // next poll in wait=poll) would wait behind every miss it dispatches.
+  const uint64_t reserved = !copier && depth_wanted_ ? 1 : 0;
+  return io_inflight_ + reserved < opts_.io_depth;
+}
+
 bool LoadQueue::claim_depth(bool copier) {
   std::lock_guard<std::mutex> g(io_mu_);
-  const bool free = io_inflight_ < opts_.io_depth;
+  const bool free = depth_left_locked(copier);
   if (free) ++io_inflight_;
-  if (copier) depth_wanted_ = !free;
+  else if (copier) depth_wanted_ = true;  // until the copier has no unsent entry (depth_unwanted)
   return free;
+}
+
+void LoadQueue::depth_unwanted() {
+  std::lock_guard<std::mutex> g(io_mu_);
+  depth_wanted_ = false;
+  io_cv_.notify_all();  // the place it left the copier is the dispatcher's again
 }
 
 bool LoadQueue::load_stuck(const Key& k) const {
@@ -658,10 +673,7 @@ uint64_t LoadQueue::expire_due_ios() {
       --io_inflight_;
     }
     if (!due.empty()) last_backend_error_ = "the store did not complete the load by the task's deadline";
-    if (!due.empty() && depth_wanted_) {  // as on_io_done: the copier may sleep with an unsent entry
-      depth_wanted_ = false;
-      cache_->ring_bell();
-    }
+    if (!due.empty() && depth_wanted_) cache_->ring_bell();  // as on_io_done: the copier may sleep with an unsent entry
   }
   if (due.empty()) return next;
   io_cv_.notify_all();
@@ -708,10 +720,7 @@ void LoadQueue::on_io_done(IoRequest* req) {
   std::lock_guard<std::mutex> g(q->io_mu_);
   --q->io_inflight_;
   q->io_cv_.notify_all();
-  if (q->depth_wanted_) {
-    q->depth_wanted_ = false;
-    q->cache_->ring_bell();
-  }
+  if (q->depth_wanted_) q->cache_->ring_bell();
 }
 
 bool LoadQueue::untrack_io(Io* io) {

@@ -285,9 +285,12 @@ class LoadQueue {
   // The dispatcher's: waits for I/O depth (bounded by t's deadline and the
   // older I/Os' deadlines), then sends the load.
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
-  // Takes one of io_depth if one is free. The copier's calls (`copier`) note
-  // whether it now waits for one (depth_wanted_: a completion then rings).
+  // Takes one of io_depth if one is free. A copier's call that finds none
+  // sets depth_wanted_ (completions then ring, and the dispatcher leaves the
+  // copier a place) until the copier has no unsent entry left (depth_unwanted).
   bool claim_depth(bool copier);
+  bool depth_left_locked(bool copier) const;  // under io_mu_
+  void depth_unwanted();
   bool depth_free() const;
   // Whether the store still holds kStuckLoadsMax expired loads of k
   // (stuck_loads_); the caller fails the entry with stuck_text(k).
@@ -434,8 +437,11 @@ class LoadQueue {
   std::atomic<uint64_t> expired_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   // The copier holds an unsent entry and found no depth (under io_mu_): a
-  // completion that gives depth back rings the doorbell it sleeps on.
+  // completion that gives depth back rings the doorbell it sleeps on, and
+  // the dispatcher leaves it one place. Set until the copier has no unsent
+  // entry left, so no ring is missed between two of its looks.
   bool depth_wanted_ = false;
+  bool copier_wanted_depth_ = false;  // the copier's own note that it set it (copier thread only)
   std::atomic<bool> deferring_{false};      // the dispatcher may sleep on the defer bell: stop() rings it
   // This rank's waits for space in progress (the dispatcher's; the copier
   // never waits for space): the rank's bit in space_waiting stays while any does; stop() rings.

@@ -599,5 +599,112 @@ TEST(CopierDepth, AnEntryWaitingForIoDepthDoesNotHoldBackTheCopiesOfOthers) {
               static_cast<unsigned long long>(sh->c_ms.load()), static_cast<unsigned long long>(kTaskAMs));
 }
 
+// The copier's unsent entry is not starved by its own dispatcher. Both want
+// the next free place of io_depth; the dispatcher, woken by the completion
+// itself, always came first, and in wait=poll the copier looks only once a
+// poll, so its take-over waited behind every miss the dispatcher had to send
+// (a helper's review: up to 217 ms, once past the task's deadline). While
+// the copier wants a place, the dispatcher now leaves it one.
+//
+// Rank 0's queue: wait=poll with a long poll, io_depth 1. B = {X} waits on
+// rank 1's load of X; D's misses keep the one place busy; rank 1 abandons X,
+// so rank 0's copier owns it again and finds the place taken by one of D's
+// loads: X's load goes next, not after D's next loads (about 50 a poll).
+constexpr uint32_t kStarveSlots = 1024;
+constexpr uint32_t kStarveMisses = 400;
+Key miss_key(uint32_t i) { return key(94000 + i, 0); }
+
+struct StarveShared {
+  ShmSignal ready, go, abandoned, finished;
+  std::atomic<uint32_t> x_slot{0};
+  std::atomic<uint64_t> loads_between{0};
+};
+
+void own_then_abandon(const TestCache& parent, StarveShared* sh) {
+  BareRank bare;
+  ASSERT_NO_FATAL_FAILURE(join_bare(parent, 1, &bare));
+  CacheBuffer& cb = *bare.cb;
+  uint32_t x = 0;
+  ASSERT_NO_FATAL_FAILURE(owner_of(cb, x_key(), &x));
+  sh->x_slot.store(x);
+  sh->ready.set(1);
+  ASSERT_TRUE(sh->go.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  ASSERT_EQ(cb.abandon_load(x, cb.word(x)), Result::kOk) << last_error();
+  sh->abandoned.set(1);
+  ASSERT_TRUE(sh->finished.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  cb.release(x);
+  bare.mine.ctrl.leave(1);
+}
+
+void take_over_beside_misses(const TestCache& parent, StarveShared* sh) {
+  ASSERT_TRUE(sh->ready.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  QueueRank me;
+  QueueOptions qo = solo_queue();
+  qo.io_depth = 1;
+  CacheOptions co;
+  co.wait = WaitMode::kPoll;
+  co.poll_interval_ms = 50;
+  ASSERT_NO_FATAL_FAILURE(me.open(parent, 0, co, qo, kShardBytes, kDeadlineMs));
+  std::vector<uint8_t> db(kShardBytes, 0xee), dd(kShardBytes * kStarveMisses, 0);
+  auto b = load_task(1, x_key(), db.data(), kTaskBMs);
+  ASSERT_EQ(me.queue->submit(b), Result::kOk) << last_error();
+  const BufferCtrl& ctrl = me.cache->ctrl();
+  const uint64_t until = deadline_after_ms(kDeadlineMs);
+  while (ctrl.pin(0, sh->x_slot.load()).load() == 0 && now_ns() < until) usleep(200);
+  ASSERT_NE(ctrl.pin(0, sh->x_slot.load()).load(), 0u) << "B never waited on X";
+  std::vector<TaskEntry> de(kStarveMisses);
+  for (uint32_t i = 0; i < kStarveMisses; ++i) {
+    de[i].key = miss_key(i);
+    de[i].dst = dd.data() + uint64_t{i} * kShardBytes;
+  }
+  auto d = std::make_shared<Task>(2, TaskKind::kLoad, de, deadline_after_ms(kDeadlineMs));
+  ASSERT_EQ(me.queue->submit(d), Result::kOk) << last_error();
+  const QueueCounters& qc = queue_counters(ctrl.rank(0));
+  while (qc.backend_loads.load() < 5 && now_ns() < until) usleep(100);
+  sh->go.set(1);
+  ASSERT_TRUE(sh->abandoned.wait_ge(1, deadline_after_ms(kDeadlineMs)));
+  // The copier owns X again (in another slot) and tries for a place at once,
+  // while one of D's loads holds it.
+  const uint32_t old_x = sh->x_slot.load();
+  auto x_in = [&](State want) {
+    for (uint32_t s = 0; s < kStarveSlots; ++s) {
+      const SlotView v(me.cache->word(s));
+      if (s != old_x && v.state() == want && (want != State::kIdle || (!v.is_unowned() && v.owner() == 0)) &&
+          me.cache->holds_key(s, x_key()))
+        return true;
+    }
+    return false;
+  };
+  while (!x_in(State::kIdle) && now_ns() < until) usleep(50);
+  ASSERT_TRUE(x_in(State::kIdle)) << "rank 0's copier never owned X again";
+  const uint64_t at_owned = qc.backend_loads.load();
+  // X's bytes land (B itself ends only at the copier's next poll).
+  while (!x_in(State::kReady) && now_ns() < until) usleep(50);
+  sh->loads_between.store(qc.backend_loads.load() - at_owned);
+  ASSERT_TRUE(b->wait_until(deadline_after_ms(kDeadlineMs))) << "task B hung";
+  EXPECT_EQ(b->result(), Result::kOk) << b->error();
+  EXPECT_EQ(sim_verify(x_key(), db.data(), kShardBytes), kShardBytes);
+  // X's own load, and at most the D loads that went out while the test looked.
+  EXPECT_LE(sh->loads_between.load(), 3u)
+      << "X's load waited behind the dispatcher's misses: each freed place went to the dispatcher";
+  ASSERT_TRUE(d->wait_until(deadline_after_ms(kDeadlineMs))) << "task D hung";
+  EXPECT_EQ(d->result(), Result::kOk) << d->error();
+  sh->finished.set(1);
+  me.close(0);
+}
+
+TEST(CopierDepth, AnUnsentEntryIsNotStarvedByItsDispatcher) {
+  TestCache tc;
+  make_cache(params(kStarveSlots, 0, kShardBytes, 8, 2), &tc);
+  Shared<StarveShared> sh;
+  Children ch;
+  const pid_t r1 = ch.spawn([&] { own_then_abandon(tc, sh.get()); });
+  const pid_t r0 = ch.spawn([&] { take_over_beside_misses(tc, sh.get()); });
+  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
+  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  std::printf("[CopierDepth] loads sent after the copier owned X, X's included: %llu (D: %u misses)\n",
+              static_cast<unsigned long long>(sh->loads_between.load()), kStarveMisses);
+}
+
 }  // namespace
 }  // namespace ucm::test
