@@ -178,7 +178,8 @@ LoadQueue::Look LoadQueue::stored_outcome(Item& it) {
       cache_->release(it.slot);
       it.task->entry_failed(it.index, Result::kBackend,
                             key_text(e.key) + ": local rank " + std::to_string(stored_writer(sw)) +
-                                "'s write-through failed (the store did not take the bytes)");
+                                "'s write-through failed: the store refused the bytes, or did not take them by "
+                                "that task's deadline (they are not known to be in the store)");
       return Look::kEnded;
     case StoreState::kStored:
       count_wait(it);
