@@ -501,12 +501,12 @@ TEST(CopierLoad, AKilledOwnerIsFoundWhileOtherRanksRingTheDoorbell) {
 // entry stays owned and unsent, and the copier sends it in a later round.
 //
 // Rank 0's queue has io_depth 1, taken by A = {H}, a load the store never
-// completes (A's deadline 4 s). Rank 1 (bare) owns X and fills Y (hit_key). Rank 0
+// completes (A's deadline 2 s). Rank 1 (bare) owns X and fills Y (hit_key). Rank 0
 // submits B = {X}: a waiter, in the copier. Rank 1 abandons X's load (its
 // I/O pin stays), so rank 0's copier gets X again, as owner, with no depth
 // left. Then rank 0 submits C = {Y}, a hit: C ends while A still waits for H;
 // B loads X once H's I/O expires at A's deadline.
-constexpr uint64_t kTaskAMs = 4000;
+constexpr uint64_t kTaskAMs = 2000;  // C, a hit, takes a millisecond: 2 s is a hang, not slowness
 Key hung_key() { return key(93201, 0); }
 Key hit_key() { return key(93203, 0); }
 
