@@ -153,12 +153,13 @@ void load_both(const TestCache& parent, CopierShared* sh) {
   me.close(0);
 }
 
-// Rank 1 (bare) and rank 0 (a queue) over one cache of kSlots slots, each in
-// a process of its own; both must exit cleanly.
+// Rank 1 (bare) and rank 0 (a queue) over one cache of `slots` slots, each
+// in a process of its own; both must exit cleanly.
 template <typename S>
-void run_pair(void (*rank1)(const TestCache&, S*), void (*rank0)(const TestCache&, S*), Shared<S>& sh) {
+void run_pair(void (*rank1)(const TestCache&, S*), void (*rank0)(const TestCache&, S*), Shared<S>& sh,
+              uint32_t slots = kSlots) {
   TestCache tc;
-  make_cache(params(kSlots, 0, kShardBytes, 8, 2), &tc);
+  make_cache(params(slots, 0, kShardBytes, 8, 2), &tc);
   Children ch;
   const pid_t r1 = ch.spawn([&] { rank1(tc, sh.get()); });
   const pid_t r0 = ch.spawn([&] { rank0(tc, sh.get()); });
@@ -694,14 +695,8 @@ void take_over_beside_misses(const TestCache& parent, StarveShared* sh) {
 }
 
 TEST(CopierDepth, AnUnsentEntryIsNotStarvedByItsDispatcher) {
-  TestCache tc;
-  make_cache(params(kStarveSlots, 0, kShardBytes, 8, 2), &tc);
   Shared<StarveShared> sh;
-  Children ch;
-  const pid_t r1 = ch.spawn([&] { own_then_abandon(tc, sh.get()); });
-  const pid_t r0 = ch.spawn([&] { take_over_beside_misses(tc, sh.get()); });
-  EXPECT_EQ(ch.wait(r0, 2 * kDeadlineMs), 0);
-  EXPECT_EQ(ch.wait(r1, 2 * kDeadlineMs), 0);
+  run_pair(own_then_abandon, take_over_beside_misses, sh, kStarveSlots);
   std::printf("[CopierDepth] loads sent after the copier owned X, X's included: %llu (D: %u misses)\n",
               static_cast<unsigned long long>(sh->loads_between.load()), kStarveMisses);
 }
