@@ -567,9 +567,18 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
       break;
     }
     const uint64_t now = now_ns();
-    if (now >= deadline)
-      return fail(Result::kTimeout, "%s: all %u of this rank's backend I/Os stayed in flight until the task's deadline",
-                  key_text(t->entries()[index].key).c_str(), opts_.io_depth);
+    if (now >= deadline) {
+      uint64_t in_flight = 0;
+      bool kept = false;
+      {
+        std::lock_guard<std::mutex> g(io_mu_);
+        in_flight = io_inflight_;
+        kept = depth_wanted_;
+      }
+      return fail(Result::kTimeout, "%s: no I/O place of this rank's %u came free before the task's deadline (%llu in flight%s)",
+                  key_text(t->entries()[index].key).c_str(), opts_.io_depth, static_cast<unsigned long long>(in_flight),
+                  kept ? ", one kept for a load the copier owns" : "");
+    }
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
     if (t_dispatching == this) flush_batch();
     std::unique_lock<std::mutex> lk(io_mu_);

@@ -685,8 +685,10 @@ void take_over_beside_misses(const TestCache& parent, StarveShared* sh) {
   ASSERT_TRUE(b->wait_until(deadline_after_ms(kDeadlineMs))) << "task B hung";
   EXPECT_EQ(b->result(), Result::kOk) << b->error();
   EXPECT_EQ(sim_verify(x_key(), db.data(), kShardBytes), kShardBytes);
-  // X's own load, and at most the D loads that went out while the test looked.
-  EXPECT_LE(sh->loads_between.load(), 3u)
+  // X's own load, the D load in flight, and those that went out after X's
+  // while the test looked (one a millisecond); without the kept place, every
+  // D load of the copier's poll (about 40 in 50 ms) went before X's.
+  EXPECT_LE(sh->loads_between.load(), 10u)
       << "X's load waited behind the dispatcher's misses: each freed place went to the dispatcher";
   ASSERT_TRUE(d->wait_until(deadline_after_ms(kDeadlineMs))) << "task D hung";
   EXPECT_EQ(d->result(), Result::kOk) << d->error();

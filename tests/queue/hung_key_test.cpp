@@ -28,7 +28,7 @@ namespace {
 constexpr uint64_t kShard = 4096;
 constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
 constexpr uint64_t kFirstMs = 300;   // the first task's deadline: its load expires then
-constexpr uint64_t kHangMs = 2000;   // the store returns each load of the hung key this late
+constexpr uint64_t kHangMs = 3000;   // the store returns each load of the hung key this late
 
 struct OneKey {
   std::vector<uint8_t> dst = std::vector<uint8_t>(kShard, 0xee);
@@ -88,6 +88,34 @@ TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
   EXPECT_EQ(d.task->result(), Result::kOk) << d.task->error();
   EXPECT_EQ(sim_verify(h, d.dst.data(), kShard), kShard);
   EXPECT_EQ(ctr.backend_loads.load(), 3u);
+}
+
+// The same refusal on the copier's path: entries that waited on the hung
+// load's slot get the key again when that load expires. B (deadline 2 x
+// kFirstMs) becomes the owner and sends the retry; C (long deadline) waits on
+// it, and when the retry expires too, C would own a third load: it fails at
+// once instead, naming the two.
+TEST(HungKey, AWaitingEntryThatComesToOwnItIsRefusedToo) {
+  test::QueuePath p;
+  test::QueueParts parts;
+  parts.shard_bytes = kShard;
+  parts.store_hang_ms = kHangMs;
+  ASSERT_NO_FATAL_FAILURE(p.open_alone(8, std::move(parts), kWaitMs));
+  const Key h = test::key(78002, 0);
+  p.store->hang_key(h);
+  const QueueCounters& ctr = queue_counters(p.planes.ctrl.rank(0));
+  OneKey a(1, h, kFirstMs), b(2, h, 2 * kFirstMs), c(3, h, kWaitMs);
+  ASSERT_EQ(p.queue->submit(a.task), Result::kOk) << last_error();
+  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
+  ASSERT_EQ(p.queue->submit(c.task), Result::kOk) << last_error();
+  ASSERT_TRUE(c.task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_EQ(p.queue->late_completions(), 0u) << "the store returned a hung load before C ended";
+  EXPECT_EQ(a.task->result(), Result::kTimeout) << a.task->error();
+  EXPECT_EQ(b.task->result(), Result::kTimeout) << b.task->error();
+  EXPECT_EQ(c.task->result(), Result::kTimeout) << c.task->error();
+  EXPECT_NE(c.task->error().find("earlier loads"), std::string::npos) << c.task->error();
+  EXPECT_EQ(ctr.backend_loads.load(), 2u) << "the copier sent a third load of the hung key";
+  EXPECT_EQ(slots_pinned(p), 2u) << "only the two hung loads' slots stay pinned by the store";
 }
 
 }  // namespace
