@@ -132,10 +132,10 @@ void LoadQueue::sleep_on_waiting(const std::vector<Item>& waiting, uint64_t next
     std::lock_guard<std::mutex> g(mu_);
     fresh = stopping_ || !items_.empty();
   }
-  // An unsent entry waits for depth: a completion after the bell was read
-  // rings it (on_io_done); one before shows here.
-  const bool unsent = std::any_of(waiting.begin(), waiting.end(), [](const Item& it) { return it.unsent; });
-  if (unsent && !fresh) fresh = depth_free();
+  // An unsent entry waits for depth (each one looked for it this round, so
+  // copier_wanted_depth_ says whether any is left): a completion after the
+  // bell was read rings it (on_io_done); one before shows here.
+  if (copier_wanted_depth_ && !fresh) fresh = depth_free();
   if (!fresh) {
     const uint64_t until = std::min({next_expiry, now_ns() + kStopCheckNs, fill_wait_lists(waiting, l)});
     UCM_TRACE(TraceRange::kWaitReady);

@@ -47,32 +47,45 @@ uint32_t slots_pinned(const test::QueuePath& p) {
   return n;
 }
 
+// A queue alone over 8 slots whose sim store hangs every load of key `h`
+// (each returned kHangMs late).
+struct HungStore : test::QueuePath {
+  Key h;
+  void open(uint64_t block) {
+    test::QueueParts parts;
+    parts.shard_bytes = kShard;
+    parts.store_hang_ms = kHangMs;
+    ASSERT_NO_FATAL_FAILURE(open_alone(8, std::move(parts), kWaitMs));
+    h = test::key(block, 0);
+    store->hang_key(h);
+  }
+  const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
+  // Submits the task and waits for its end.
+  void run(const OneKey& k) {
+    ASSERT_EQ(queue->submit(k.task), Result::kOk) << last_error();
+    ASSERT_TRUE(k.task->wait_until(deadline_after_ms(kWaitMs)));
+  }
+};
+
 TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
-  test::QueuePath p;
-  test::QueueParts parts;
-  parts.shard_bytes = kShard;
-  parts.store_hang_ms = kHangMs;
-  ASSERT_NO_FATAL_FAILURE(p.open_alone(8, std::move(parts), kWaitMs));
-  const Key h = test::key(78001, 0);
-  p.store->hang_key(h);
-  const QueueCounters& ctr = queue_counters(p.planes.ctrl.rank(0));
+  HungStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(78001));
+  const Key h = p.h;
+  const QueueCounters& ctr = p.ctr();
   OneKey a(1, h, kFirstMs);
-  ASSERT_EQ(p.queue->submit(a.task), Result::kOk) << last_error();
-  ASSERT_TRUE(a.task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_NO_FATAL_FAILURE(p.run(a));
   EXPECT_EQ(a.task->result(), Result::kTimeout) << a.task->error();
   ASSERT_EQ(ctr.backend_loads.load(), 1u);
   ASSERT_EQ(p.queue->late_completions(), 0u) << "the store returned the hung load before the test asked again";
   // One retry goes to the store (it hangs too, and expires).
   OneKey b(2, h, kFirstMs);
-  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
-  ASSERT_TRUE(b.task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_NO_FATAL_FAILURE(p.run(b));
   EXPECT_EQ(b.task->result(), Result::kTimeout) << b.task->error();
   ASSERT_EQ(ctr.backend_loads.load(), 2u) << "the retry did not go to the store";
   ASSERT_EQ(p.queue->late_completions(), 0u) << "the store returned a hung load before the test asked again";
   // Asked again while the store holds both: not sent.
   OneKey c(3, h, kWaitMs);
-  ASSERT_EQ(p.queue->submit(c.task), Result::kOk) << last_error();
-  ASSERT_TRUE(c.task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_NO_FATAL_FAILURE(p.run(c));
   EXPECT_EQ(c.task->result(), Result::kTimeout) << c.task->error();
   EXPECT_NE(c.task->error().find("earlier loads"), std::string::npos) << c.task->error();
   EXPECT_EQ(ctr.backend_loads.load(), 2u) << "a third load of the hung key went to the store";
@@ -83,8 +96,7 @@ TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
   while (p.queue->late_completions() == 0 && now_ns() < until) usleep(1000);
   ASSERT_GE(p.queue->late_completions(), 1u) << "the store never returned a hung load";
   OneKey d(4, h, kWaitMs);
-  ASSERT_EQ(p.queue->submit(d.task), Result::kOk) << last_error();
-  ASSERT_TRUE(d.task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_NO_FATAL_FAILURE(p.run(d));
   EXPECT_EQ(d.task->result(), Result::kOk) << d.task->error();
   EXPECT_EQ(sim_verify(h, d.dst.data(), kShard), kShard);
   EXPECT_EQ(ctr.backend_loads.load(), 3u);
@@ -96,14 +108,10 @@ TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
 // it, and when the retry expires too, C would own a third load: it fails at
 // once instead, naming the two.
 TEST(HungKey, AWaitingEntryThatComesToOwnItIsRefusedToo) {
-  test::QueuePath p;
-  test::QueueParts parts;
-  parts.shard_bytes = kShard;
-  parts.store_hang_ms = kHangMs;
-  ASSERT_NO_FATAL_FAILURE(p.open_alone(8, std::move(parts), kWaitMs));
-  const Key h = test::key(78002, 0);
-  p.store->hang_key(h);
-  const QueueCounters& ctr = queue_counters(p.planes.ctrl.rank(0));
+  HungStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(78002));
+  const Key h = p.h;
+  const QueueCounters& ctr = p.ctr();
   OneKey a(1, h, kFirstMs), b(2, h, 2 * kFirstMs), c(3, h, kWaitMs);
   ASSERT_EQ(p.queue->submit(a.task), Result::kOk) << last_error();
   ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
