@@ -106,7 +106,12 @@ void LoadQueue::stop() {
 
 uint64_t LoadQueue::io_in_flight() const {
   std::lock_guard<std::mutex> g(io_mu_);
-  return io_inflight_;
+  return io_inflight_ + io_stuck_;
+}
+
+uint64_t LoadQueue::io_stuck() const {
+  std::lock_guard<std::mutex> g(io_mu_);
+  return io_stuck_;
 }
 
 Result LoadQueue::submit(const std::shared_ptr<Task>& t) {
@@ -568,16 +573,19 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
     }
     const uint64_t now = now_ns();
     if (now >= deadline) {
-      uint64_t in_flight = 0;
+      uint64_t in_flight = 0, stuck = 0;
       bool kept = false;
       {
         std::lock_guard<std::mutex> g(io_mu_);
         in_flight = io_inflight_;
+        stuck = io_stuck_;
         kept = depth_wanted_;
       }
-      return fail(Result::kTimeout, "%s: no I/O place of this rank's %u came free before the task's deadline (%llu in flight%s)",
+      return fail(Result::kTimeout,
+                  "%s: no I/O place of this rank's %u came free before the task's deadline (%llu in flight, and %llu "
+                  "stuck in the store%s)",
                   key_text(t->entries()[index].key).c_str(), opts_.io_depth, static_cast<unsigned long long>(in_flight),
-                  kept ? ", one kept for a load the copier owns" : "");
+                  static_cast<unsigned long long>(stuck), kept ? "; one kept for a load the copier owns" : "");
     }
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
     if (t_dispatching == this) flush_batch();
@@ -632,6 +640,7 @@ void LoadQueue::send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, nullptr, index, slot, true};
   io->deadline_ns = t->deadline_ns();
+  io->stuck_at_ns = stuck_at(io->deadline_ns);
   io->word = cache_->word(slot);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
@@ -652,21 +661,19 @@ void LoadQueue::track_io(Io* io) {
 }
 
 uint64_t LoadQueue::expire_due_ios() {
-  struct Expired {
-    std::shared_ptr<Task> task;
-    Key key;
-    uint32_t index, slot, word;
-    bool is_load;
-  };
   std::vector<Expired> due;
   uint64_t next = kNoDeadline;
   const uint64_t now = now_ns();
   {
     std::lock_guard<std::mutex> g(io_mu_);
+    bool freed = false;
     for (size_t k = 0; k < live_ios_.size();) {
       Io* io = live_ios_[k];
       if (io->deadline_ns > now) {
+        freed |= mark_stuck_locked(io, now);
         next = std::min(next, io->deadline_ns);
+        // Stuck already, or due with no room: its deadline is what comes next.
+        if (!io->stuck && io->stuck_at_ns > now) next = std::min(next, io->stuck_at_ns);
         ++k;
         continue;
       }
@@ -679,40 +686,65 @@ uint64_t LoadQueue::expire_due_ios() {
       if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
       live_ios_[k] = live_ios_.back();
       live_ios_.pop_back();
-      --io_inflight_;
+      --(io->stuck ? io_stuck_ : io_inflight_);
+      freed = true;
     }
     if (!due.empty()) last_backend_error_ = "the store did not complete the load by the task's deadline";
-    if (!due.empty() && depth_wanted_) cache_->ring_bell();  // as on_io_done: the copier may sleep with an unsent entry
+    if (freed && depth_wanted_) cache_->ring_bell();  // as on_io_done: the copier may sleep with an unsent entry
+    if (freed) io_cv_.notify_all();
   }
-  if (due.empty()) return next;
-  io_cv_.notify_all();
-  for (const Expired& x : due) {
-    if (x.is_load) {
-      add(ctr_->load_failures, 1);
-      UCM_INFO(kQueue, "rank %u: %s: the store's load is past the task's deadline; slot %u abandoned",
-               opts_.local_rank, key_text(x.key).c_str(), x.slot);
-      // kBadState: the load ended between our expiry and this call, or its
-      // slot was given up meanwhile; either way nobody waits on it.
-      if (cache_->abandon_load(x.slot, x.word) != Result::kOk && last_error().find("already ended") == std::string::npos)
-        UCM_WARN("rank %u: abandoning slot %u: %s", opts_.local_rank, x.slot, last_error().c_str());
-    } else {
-      // Not known to be in the store: the stored word says so, and the next
-      // dump of the key writes it again.
-      if (cache_->finish_write(x.slot, false) != Result::kOk)
-        UCM_WARN("rank %u: ending the timed-out write-through of slot %u: %s", opts_.local_rank, x.slot,
-                 last_error().c_str());
-      add(ctr_->failed_shards, 1);
-      x.task->entry_failed(x.index, Result::kTimeout,
-                           key_text(x.key) + ": the write-through did not complete by the task's deadline");
-    }
-  }
+  for (const Expired& x : due) end_expired(x);
   return next;
+}
+
+void LoadQueue::end_expired(const Expired& x) {
+  if (x.is_load) {
+    add(ctr_->load_failures, 1);
+    UCM_INFO(kQueue, "rank %u: %s: the store's load is past the task's deadline; slot %u abandoned",
+             opts_.local_rank, key_text(x.key).c_str(), x.slot);
+    // kBadState: the load ended between our expiry and this call, or its
+    // slot was given up meanwhile; either way nobody waits on it.
+    if (cache_->abandon_load(x.slot, x.word) != Result::kOk && last_error().find("already ended") == std::string::npos)
+      UCM_WARN("rank %u: abandoning slot %u: %s", opts_.local_rank, x.slot, last_error().c_str());
+  } else {
+    // Not known to be in the store: the stored word says so, and the next
+    // dump of the key writes it again.
+    if (cache_->finish_write(x.slot, false) != Result::kOk)
+      UCM_WARN("rank %u: ending the timed-out write-through of slot %u: %s", opts_.local_rank, x.slot,
+               last_error().c_str());
+    add(ctr_->failed_shards, 1);
+    x.task->entry_failed(x.index, Result::kTimeout,
+                         key_text(x.key) + ": the write-through did not complete by the task's deadline");
+  }
+}
+
+uint64_t LoadQueue::stuck_at(uint64_t deadline) const {
+  const uint64_t now = now_ns();
+  const uint64_t quarter = deadline > now ? (deadline - now) / 4 : 0;
+  return now + std::min(quarter, opts_.io_stuck_ns);
+}
+
+bool LoadQueue::mark_stuck_locked(Io* io, uint64_t now) {
+  // A store that hangs on some files (a dead server behind some of them)
+  // still serves the rest: the rank's other loads go past these, and a
+  // stuck one's completion gives back its place in io_stuck_ instead.
+  if (io->stuck || io->stuck_at_ns > now || io_stuck_ >= opts_.io_depth) return false;
+  io->stuck = true;
+  --io_inflight_;
+  ++io_stuck_;
+  UCM_INFO(kQueue,
+           "rank %u: %s: the store has held this %s for a quarter of its task's time (or %llu ms); its I/O place goes "
+           "to the next (%llu stuck)",
+           opts_.local_rank, key_text(io->req.key).c_str(), io->is_load ? "load" : "write",
+           static_cast<unsigned long long>(opts_.io_stuck_ns / 1'000'000), static_cast<unsigned long long>(io_stuck_));
+  return true;
 }
 
 void LoadQueue::on_io_done(IoRequest* req) {
   Io* io = static_cast<Io*>(req->user);
   LoadQueue* q = io->queue;
-  if (q->untrack_io(io)) {
+  bool stuck = false;
+  if (q->untrack_io(io, &stuck)) {
     q->drop_late(io);
     return;
   }
@@ -727,14 +759,15 @@ void LoadQueue::on_io_done(IoRequest* req) {
   // copier looks at the depth after reading the bell (sleep_on_waiting), so
   // a ring after the count went down is never lost.
   std::lock_guard<std::mutex> g(q->io_mu_);
-  --q->io_inflight_;
+  --(stuck ? q->io_stuck_ : q->io_inflight_);
   q->io_cv_.notify_all();
   if (q->depth_wanted_) q->cache_->ring_bell();
 }
 
-bool LoadQueue::untrack_io(Io* io) {
+bool LoadQueue::untrack_io(Io* io, bool* stuck) {
   std::lock_guard<std::mutex> g(io_mu_);
   if (io->expired) return true;
+  *stuck = io->stuck;
   const auto at = std::find(live_ios_.begin(), live_ios_.end(), io);
   if (at != live_ios_.end()) {
     *at = live_ios_.back();

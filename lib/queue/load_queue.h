@@ -107,6 +107,11 @@ struct QueueOptions {
   bool rotate = true;
   bool prealloc = true;
   uint32_t io_depth = 16;
+  // A backend I/O in flight for a quarter of its task's time, or for this
+  // long if that is sooner, is stuck: it gives its io_depth place back (a
+  // store that hangs on some files keeps serving the others), up to io_depth
+  // stuck at once (so at most 2 x io_depth in flight).
+  uint64_t io_stuck_ns = 1'000'000'000;
   uint32_t load_retries = 2;
   uint32_t pending_limit = 1024;
   // A get() that found no free slot (NoSpace) sleeps on the node's space
@@ -142,7 +147,11 @@ class LoadQueue {
   void stop();
   // kBusy when pending_limit tasks are already waiting.
   [[nodiscard]] Result submit(const std::shared_ptr<Task>& t);
+  // Backend I/Os in flight and not expired: those holding an io_depth place
+  // and the stuck ones (QueueOptions::io_stuck_ns).
   uint64_t io_in_flight() const;
+  // Of them, the stuck ones.
+  uint64_t io_stuck() const;
   // Store completions that came after their I/O had expired (and were dropped).
   uint64_t late_completions() const { return late_completions_.load(std::memory_order_acquire); }
   // I/Os that passed their deadline in flight (each ends in one late completion).
@@ -326,8 +335,25 @@ class LoadQueue {
   // Adds the entry's wait since its first look to wait_ns, once (it.started
   // is zeroed): every ending of an entry calls it, fail_item's included.
   void count_wait(Item& it);
-  // Expires every I/O past its deadline; the earliest deadline left.
+  // Expires every I/O past its deadline and counts as stuck (io_stuck_) the
+  // ones in flight past their stuck_at_ns while fewer than io_depth are;
+  // the earliest of the deadlines and stuck times left.
   uint64_t expire_due_ios();
+  // An I/O expire_due_ios took off the live list, copied (its completion
+  // may free it at any moment), and its ending: the slot abandoned (a load),
+  // the entry failed (a write-through).
+  struct Expired {
+    std::shared_ptr<Task> task;
+    Key key;
+    uint32_t index, slot, word;
+    bool is_load;
+  };
+  void end_expired(const Expired& x);
+  // Moves the live I/O io to io_stuck_ when it is due and room is left (under
+  // io_mu_); true when it did.
+  bool mark_stuck_locked(Io* io, uint64_t now);
+  // When an I/O sent now for a task ending at deadline counts as stuck.
+  uint64_t stuck_at(uint64_t deadline) const;
   void track_io(Io* io);
   std::string corrupt_text(const Key& k, uint32_t slot, uint32_t w);
   // Releases every copy that landed; then, while more than `keep` are in
@@ -384,8 +410,9 @@ class LoadQueue {
   // Queues the Ready slot's copy to the caller's buffer (flush_copies starts it).
   void start_copy(Item& it);
   // on_io_done's pieces: takes io off the live list (true: it had expired,
-  // and its completion is late); a late one only drops its pin.
-  bool untrack_io(Io* io);
+  // and its completion is late); a late one only drops its pin. *stuck: it
+  // counted in io_stuck_.
+  bool untrack_io(Io* io, bool* stuck);
   void drop_late(Io* io);
   void load_done(Io& io);
 
@@ -426,7 +453,8 @@ class LoadQueue {
 
   mutable std::mutex io_mu_;
   std::condition_variable io_cv_;
-  uint64_t io_inflight_ = 0;
+  uint64_t io_inflight_ = 0;  // I/Os holding one of io_depth places
+  uint64_t io_stuck_ = 0;     // live I/Os past their stuck time, holding none (at most io_depth)
   std::string last_backend_error_;
   std::vector<Io*> live_ios_;  // in flight and not expired
   // Keys whose loads expired and the store has not returned yet (how many

@@ -38,8 +38,10 @@ struct LoadQueue::Io {
   uint32_t slot;
   bool is_load;
   uint64_t deadline_ns = kNoDeadline;  // the task's
+  uint64_t stuck_at_ns = kNoDeadline;  // when it counts as stuck (stuck_at)
   uint32_t word = 0;                   // the slot's word when the load began (abandon_load's check)
   bool expired = false;                // under io_mu_: the completion is late, and only drops the pin
+  bool stuck = false;                  // under io_mu_: counted in io_stuck_, not io_inflight_
 };
 
 }  // namespace ucm

@@ -1,0 +1,105 @@
+// A load the store holds for a large share of its task's time no longer
+// holds one of the rank's io_depth places: it counts as stuck, and the rank
+// sends its other loads past it, up to io_depth stuck ones (2 x io_depth in
+// flight at most). Before, io_depth was a hard bound: loads of distinct keys
+// that the store never answered held every place until their tasks'
+// deadlines, and every other task of the rank (and its peers' waits on the
+// keys it owned) ended at its own deadline with UCM_ERR_TIMEOUT (helper-15's
+// public-API run, session 22).
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/sim_content.h"
+#include "common/test_util.h"
+#include "common/time.h"
+#include "queue/counters.h"
+#include "queue/queue_fixture.h"
+
+namespace ucm {
+namespace {
+
+constexpr uint64_t kShard = 4096;
+constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
+
+struct OneKey {
+  std::vector<uint8_t> dst = std::vector<uint8_t>(kShard, 0xee);
+  std::shared_ptr<Task> task;
+  OneKey(uint64_t id, const Key& k, uint64_t ms) {
+    std::vector<TaskEntry> es(1);
+    es[0].key = k;
+    es[0].dst = dst.data();
+    task = std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(ms));
+  }
+};
+
+// A queue alone over 16 slots with io_depth places, whose sim store never
+// answers the loads of the keys hung (until it is destroyed).
+struct StuckStore : test::QueuePath {
+  void open(uint32_t depth, uint64_t stuck_ns) {
+    test::QueueParts parts;
+    parts.shard_bytes = kShard;
+    parts.queue.io_depth = depth;
+    parts.queue.io_stuck_ns = stuck_ns;
+    ASSERT_NO_FATAL_FAILURE(open_alone(16, std::move(parts), kWaitMs));
+  }
+  const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
+  // Submits a task of one hung key of its own.
+  std::unique_ptr<OneKey> hang(uint64_t block, uint64_t ms) {
+    const Key k = test::key(block, 0);
+    store->hang_key(k);
+    auto t = std::make_unique<OneKey>(block, k, ms);
+    EXPECT_EQ(queue->submit(t->task), Result::kOk) << last_error();
+    return t;
+  }
+  bool sent(uint64_t loads, uint64_t ms) {
+    const uint64_t until = deadline_after_ms(ms);
+    while (ctr().backend_loads.load() < loads && now_ns() < until) usleep(1000);
+    return ctr().backend_loads.load() >= loads;
+  }
+};
+
+// Both places held by loads that hang, whose tasks end in 2 s: a quarter of
+// that in, they count as stuck, and a task of another key (its deadline
+// 1.5 s) loads. Before, it waited for a place until its deadline (TIMEOUT).
+TEST(StuckIo, ATaskOfOtherKeysIsNotHeldBehindLoadsThatHang) {
+  StuckStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(2, QueueOptions{}.io_stuck_ns));
+  auto h1 = p.hang(91001, 2000);
+  auto h2 = p.hang(91002, 2000);
+  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the hung loads never went to the store";
+  const Key k = test::key(91003, 0);
+  OneKey b(3, k, 1500);
+  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
+  ASSERT_TRUE(b.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(b.task->result(), Result::kOk) << b.task->error();
+  EXPECT_EQ(sim_verify(k, b.dst.data(), kShard), kShard);
+  EXPECT_EQ(p.ctr().backend_loads.load(), 3u);
+  // The hung ones still end at their own deadlines.
+  ASSERT_TRUE(h1->task->wait_until(deadline_after_ms(kWaitMs)));
+  ASSERT_TRUE(h2->task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(h1->task->result(), Result::kTimeout) << h1->task->error();
+  EXPECT_EQ(h2->task->result(), Result::kTimeout) << h2->task->error();
+}
+
+// Stuck loads are bounded too: with io_depth 1, one stuck load and one that
+// holds the place; the third hung key waits for a place (until the second's
+// deadline). Loads that outlive io_stuck_ns are stuck whatever their tasks'
+// deadlines.
+TEST(StuckIo, NoMoreThanTwiceTheDepthGoToTheStore) {
+  StuckStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(1, 100'000'000));
+  auto h1 = p.hang(92001, kWaitMs);
+  auto h2 = p.hang(92002, kWaitMs);
+  auto h3 = p.hang(92003, kWaitMs);
+  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the second hung load was never sent past the first";
+  usleep(600'000);  // six times io_stuck_ns: time enough for more to be sent, were they allowed
+  EXPECT_EQ(p.ctr().backend_loads.load(), 2u);
+  EXPECT_EQ(p.queue->io_in_flight(), 2u);
+}
+
+}  // namespace
+}  // namespace ucm
