@@ -105,6 +105,17 @@ class Backend {
     (void)deadline_ns;
     return 0;
   }
+  // The caller counts more of its requests in flight as stuck (held far
+  // longer than a request takes: a file on a dead server), `loads` loads and
+  // `dumps` dumps, and sends others past them (LoadQueue,
+  // QueueOptions::io_stuck_ns). A store that runs its requests in a bounded
+  // pool makes room for as many more beside them, up to its own depth more
+  // in its life, so that the others do not queue behind the stuck ones.
+  // Never blocks. A store with no such bound keeps the default.
+  virtual void requests_stuck(uint32_t loads, uint32_t dumps) {
+    (void)loads;
+    (void)dumps;
+  }
 };
 
 // Builds the store named by `spec`. Errors name the bad part of the spec.

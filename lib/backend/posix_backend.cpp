@@ -493,6 +493,31 @@ void PosixBackend::load(IoRequest* req) {
 }
 void PosixBackend::dump(IoRequest* req) { submit(req, false); }
 
+void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
+  uint32_t n = loads + dumps;
+#if UCM_HAVE_URING
+  if (ring_) {  // the loads run there; dumps still run on the threads
+    if (loads > 0) ring_->requests_stuck(loads);
+    n = dumps;
+  }
+#endif
+  std::lock_guard<std::mutex> g(mu_);
+  // Never after shutdown began: it joins or detaches threads_ unlocked.
+  const size_t before = threads_.size();
+  while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth) {
+    threads_.emplace_back([this] { worker(); });
+    --n;
+  }
+  if (threads_.size() > before)
+    UCM_INFO(kBackend, "posix store at %s: requests stuck in the kernel; %zu I/O threads now (depth %u, at most %u)",
+             opts_.dir.c_str(), threads_.size(), opts_.depth, 2 * opts_.depth);
+}
+
+uint32_t PosixBackend::io_threads() {
+  std::lock_guard<std::mutex> g(mu_);
+  return static_cast<uint32_t>(threads_.size());
+}
+
 void PosixBackend::submit(IoRequest* req, bool is_load) {
   if (reject_malformed(req, ctx_, is_load, "posix", &counters_)) return;
   {

@@ -123,6 +123,13 @@ class PosixBackend final : public Backend {
   // (backend.h). From then on a thread that returns touches the request's
   // buffer in user space, or calls done(), only if it is not abandoned.
   uint32_t shutdown(uint64_t deadline_ns) override;
+  // One more I/O thread for each request on the threads (the dumps, and on
+  // engine=threads the loads), one more read in the kernel for each load on
+  // engine=uring; at most `depth` more of each in the store's life (a spare
+  // thread stays until shutdown).
+  void requests_stuck(uint32_t loads, uint32_t dumps) override;
+  // The I/O threads the store runs now (depth, and the spares).
+  uint32_t io_threads();
 
   // How full the store kept its I/O threads (counts, not times): each load is
   // counted as it starts with the number of loads then on I/O threads,

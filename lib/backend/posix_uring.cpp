@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
@@ -49,13 +50,14 @@ PosixRing::PosixRing(PosixBackend* store, uint32_t depth) : store_(store), depth
 Result PosixRing::create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out) {
   std::unique_ptr<PosixRing> r(new PosixRing(store, depth));
   r->ring_ = std::make_unique<io_uring>();
-  // One entry per read in the kernel and one for the bell.
-  const int e = io_uring_queue_init(depth + 1, r->ring_.get(), 0);
+  // One entry per read in the kernel (depth, and as many beside stuck ones:
+  // requests_stuck) and one for the bell.
+  const int e = io_uring_queue_init(2 * depth + 1, r->ring_.get(), 0);
   if (e < 0) {
     r->ring_.reset();
-    return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", depth + 1, strerror(-e));
+    return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", 2 * depth + 1, strerror(-e));
   }
-  r->landed_.reserve(depth);  // no allocation on the ring thread
+  r->landed_.reserve(2 * depth);  // no allocation on the ring thread
   r->register_buffers();
   r->bell_fd_ = eventfd(0, EFD_CLOEXEC);
   if (r->bell_fd_ < 0) return fail(Result::kSystem, "posix store: eventfd: %s", strerror(errno));
@@ -126,6 +128,24 @@ void PosixRing::submit(IoRequest* req) {
   if (!wake) return;
   const uint64_t one = 1;
   ++posix_thread_syscalls();
+  (void)!write(bell_fd_, &one, sizeof(one));
+}
+
+void PosixRing::requests_stuck(uint32_t n) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    const uint32_t before = room_;
+    room_ = std::min(depth_, room_ + n);
+    // A thread that waits with every place taken was not said asleep_: the
+    // bell lets it take what is queued into the new places.
+    wake = room_ > before && !queue_.empty() && !stopping_;
+    if (room_ > before)
+      UCM_INFO(kBackend, "posix store at %s: reads stuck in the kernel; %u reads in the ring now (depth %u, at most %u)",
+               store_->opts_.dir.c_str(), depth_ + room_, depth_, 2 * depth_);
+  }
+  if (!wake) return;
+  const uint64_t one = 1;
   (void)!write(bell_fd_, &one, sizeof(one));
 }
 
@@ -211,8 +231,9 @@ void PosixRing::start_queued() {
     bool nothing_queued = false;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (queue_.empty() || in_flight_ >= depth_) {
-        asleep_ = !stopping_ && in_flight_ < depth_;
+      const uint32_t places = depth_ + room_;
+      if (queue_.empty() || in_flight_ >= places) {
+        asleep_ = !stopping_ && in_flight_ < places;
         break;
       }
       req = queue_.front();
@@ -269,7 +290,7 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
 
 void PosixRing::queue_read(Read* rd) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
-  while (sqe == nullptr) {  // never with depth + 1 entries; submitting frees them anyway
+  while (sqe == nullptr) {  // never with 2 x depth + 1 entries; submitting frees them anyway
     ++posix_thread_syscalls();
     (void)io_uring_submit(ring_.get());
     sqe = io_uring_get_sqe(ring_.get());

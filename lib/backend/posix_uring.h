@@ -2,7 +2,8 @@
 // -Dio_uring, liburing). One thread per store prepares each load (opens the
 // block file and checks its header, as the thread engine does), puts the
 // shard's read in the kernel's queue, and completes whatever reads landed:
-// checksum, close, done(). Up to `depth` reads are in the kernel at once, so
+// checksum, close, done(). Up to `depth` reads are in the kernel at once (and
+// up to depth more beside reads the caller counts as stuck: requests_stuck), so
 // the disk stays busy while the thread waits for a CPU, and one wake-up
 // completes every read that landed meanwhile (the thread engine needs one
 // thread, and one wake-up, per read).
@@ -61,6 +62,9 @@ class PosixRing {
   ~PosixRing();  // after stop() and wait_exit() returned true
 
   void submit(IoRequest* req);
+  // The caller counts n of its loads as stuck: n more reads may be in the
+  // kernel at once, at most depth more in the ring's life (PosixBackend::requests_stuck).
+  void requests_stuck(uint32_t n);
   // Completes the queued requests (kTimeout); the reads in the kernel finish.
   void stop();
   // Whether the ring thread returned by the deadline (it is then joined).
@@ -102,6 +106,7 @@ class PosixRing {
   bool asleep_ = false;            // under mu_: the thread waits with room for more
   bool stopping_ = false;          // under mu_
   bool exited_ = false;            // under mu_
+  uint32_t room_ = 0;              // under mu_: places beside stuck reads (requests_stuck), at most depth_
   uint32_t in_flight_ = 0;         // the ring thread's: reads in the kernel
   struct Landed {
     Read* rd;

@@ -664,13 +664,16 @@ uint64_t LoadQueue::expire_due_ios() {
   std::vector<Expired> due;
   uint64_t next = kNoDeadline;
   const uint64_t now = now_ns();
+  uint32_t stuck_loads = 0, stuck_writes = 0;
   {
     std::lock_guard<std::mutex> g(io_mu_);
     bool freed = false;
     for (size_t k = 0; k < live_ios_.size();) {
       Io* io = live_ios_[k];
       if (io->deadline_ns > now) {
-        freed |= mark_stuck_locked(io, now);
+        const bool marked = mark_stuck_locked(io, now);
+        (io->is_load ? stuck_loads : stuck_writes) += marked ? 1 : 0;
+        freed |= marked;
         next = std::min(next, io->deadline_ns);
         // Stuck already, or due with no room: its deadline is what comes next.
         if (!io->stuck && io->stuck_at_ns > now) next = std::min(next, io->stuck_at_ns);
@@ -693,6 +696,8 @@ uint64_t LoadQueue::expire_due_ios() {
     if (freed && depth_wanted_) cache_->ring_bell();  // as on_io_done: the copier may sleep with an unsent entry
     if (freed) io_cv_.notify_all();
   }
+  // The store makes room beside them too.
+  if (stuck_loads + stuck_writes > 0) backend_->requests_stuck(stuck_loads, stuck_writes);
   for (const Expired& x : due) end_expired(x);
   return next;
 }
