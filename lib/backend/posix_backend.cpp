@@ -401,7 +401,7 @@ Result PosixBackend::start_ring() {
 #endif
 }
 
-const char* PosixBackend::load_engine() const { return ring_ ? "uring" : "threads"; }
+const char* PosixBackend::load_engine() const { return ring_ && !ring_->given_up() ? "uring" : "threads"; }
 
 PosixBackend::~PosixBackend() {
   // Unbounded here: a caller that must not wait forever calls shutdown()
@@ -484,8 +484,19 @@ std::string PosixBackend::block_path(const BlockId& b) const { return opts_.dir 
 
 void PosixBackend::load(IoRequest* req) {
 #if UCM_HAVE_URING
-  if (ring_) {
-    if (!reject_malformed(req, ctx_, true, "posix", &counters_)) ring_->submit(req);
+  if (ring_ && !ring_->given_up()) {
+    if (reject_malformed(req, ctx_, true, "posix", &counters_)) return;
+    if (ring_->submit(req)) return;
+    // The ring gave up meanwhile: the threads take it (counted once: not rejected again).
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!stopping_) {
+        queue_.emplace_back(req, true);
+        req = nullptr;
+      }
+    }
+    if (req != nullptr) complete_with(req, Result::kTimeout, "posix store shut down before the request was queued");
+    else cv_.notify_one();
     return;
   }
 #endif
@@ -495,22 +506,34 @@ void PosixBackend::dump(IoRequest* req) { submit(req, false); }
 
 void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
   uint32_t n = loads + dumps;
+  std::deque<IoRequest*> handed;
 #if UCM_HAVE_URING
-  if (ring_) {  // the loads run there; dumps still run on the threads
-    if (loads > 0) ring_->requests_stuck(loads);
-    n = dumps;
+  if (ring_ && !ring_->given_up()) {  // the loads run there; dumps still run on the threads
+    handed = ring_->requests_stuck(loads);
+    if (!ring_->given_up()) n = dumps;  // else its thread is stuck: its queued loads, and the next ones, come here
   }
 #endif
-  std::lock_guard<std::mutex> g(mu_);
-  // Never after shutdown began: it joins or detaches threads_ unlocked.
-  const size_t before = threads_.size();
-  while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth) {
-    threads_.emplace_back([this] { worker(); });
-    --n;
+  bool refused = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    refused = stopping_;  // shutdown() took queue_ already: these get their completion below
+    if (!refused)
+      for (IoRequest* req : handed) queue_.emplace_back(req, true);
+    // Never after shutdown began: it joins or detaches threads_ unlocked.
+    const size_t before = threads_.size();
+    while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth) {
+      threads_.emplace_back([this] { worker(); });
+      --n;
+    }
+    if (threads_.size() > before)
+      UCM_INFO(kBackend, "posix store at %s: requests stuck in the kernel; %zu I/O threads now (depth %u, at most %u)",
+               opts_.dir.c_str(), threads_.size(), opts_.depth, 2 * opts_.depth);
   }
-  if (threads_.size() > before)
-    UCM_INFO(kBackend, "posix store at %s: requests stuck in the kernel; %zu I/O threads now (depth %u, at most %u)",
-             opts_.dir.c_str(), threads_.size(), opts_.depth, 2 * opts_.depth);
+  if (refused) {
+    for (IoRequest* req : handed) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+    return;
+  }
+  if (!handed.empty()) cv_.notify_all();
 }
 
 uint32_t PosixBackend::io_threads() {

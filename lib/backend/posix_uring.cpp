@@ -109,11 +109,12 @@ PosixRing::~PosixRing() {
   if (bell_fd_ >= 0) close(bell_fd_);
 }
 
-void PosixRing::submit(IoRequest* req) {
+bool PosixRing::submit(IoRequest* req) {
   bool wake = false;
   bool refused = false;
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (given_up_.load(std::memory_order_relaxed)) return false;
     refused = stopping_;
     if (!refused) {
       queue_.push_back(req);
@@ -123,18 +124,33 @@ void PosixRing::submit(IoRequest* req) {
   }
   if (refused) {
     complete_with(req, Result::kTimeout, "posix store shut down before the request was queued");
-    return;
+    return true;
   }
-  if (!wake) return;
+  if (!wake) return true;
   const uint64_t one = 1;
   ++posix_thread_syscalls();
   (void)!write(bell_fd_, &one, sizeof(one));
+  return true;
 }
 
-void PosixRing::requests_stuck(uint32_t n) {
+PosixRing::CallMark::CallMark(PosixRing* r) : ring(r) { ring->call_since_.store(now_ns(), std::memory_order_relaxed); }
+PosixRing::CallMark::~CallMark() { ring->call_since_.store(0, std::memory_order_relaxed); }
+
+std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
   bool wake = false;
+  std::deque<IoRequest*> handed;
   {
     std::lock_guard<std::mutex> g(mu_);
+    const uint64_t since = call_since_.load(std::memory_order_relaxed);
+    if (!given_up_.load(std::memory_order_relaxed) && since != 0 && now_ns() - since >= kStuckThreadNs) {
+      // Under mu_: the thread takes nothing queued from here on.
+      given_up_.store(true, std::memory_order_release);
+      handed.swap(queue_);
+      UCM_WARN("posix store at %s: the io_uring thread has been in one system call for over %llu ms (a read or an "
+               "open the file system does not return); loads go to the store's I/O threads from now on",
+               store_->opts_.dir.c_str(), static_cast<unsigned long long>(kStuckThreadNs / 1'000'000));
+      return handed;
+    }
     const uint32_t before = room_;
     room_ = std::min(depth_, room_ + n);
     // A thread that waits with every place taken was not said asleep_: the
@@ -144,9 +160,11 @@ void PosixRing::requests_stuck(uint32_t n) {
       UCM_INFO(kBackend, "posix store at %s: reads stuck in the kernel; %u reads in the ring now (depth %u, at most %u)",
                store_->opts_.dir.c_str(), depth_ + room_, depth_, 2 * depth_);
   }
-  if (!wake) return;
-  const uint64_t one = 1;
-  (void)!write(bell_fd_, &one, sizeof(one));
+  if (wake) {
+    const uint64_t one = 1;
+    (void)!write(bell_fd_, &one, sizeof(one));
+  }
+  return handed;
 }
 
 void PosixRing::stop() {
@@ -232,7 +250,7 @@ void PosixRing::start_queued() {
     {
       std::lock_guard<std::mutex> g(mu_);
       const uint32_t places = depth_ + room_;
-      if (queue_.empty() || in_flight_ >= places) {
+      if (queue_.empty() || in_flight_ >= places || given_up_.load(std::memory_order_relaxed)) {
         asleep_ = !stopping_ && in_flight_ < places;
         break;
       }
@@ -255,6 +273,7 @@ void PosixRing::start_queued() {
 
 void PosixRing::submit_queued() {
   if (io_uring_sq_ready(ring_.get()) == 0) return;
+  const CallMark mark(this);  // a file system may run the read inline, and never return
   ++posix_thread_syscalls();
   (void)io_uring_submit(ring_.get());  // what the kernel did not take goes in with the next wait
 }
@@ -266,6 +285,7 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
   UCM_TRACE(TraceRange::kBackendLoad);
   store_->note_load_start(nothing_queued);
   store_->counters_.load_started();
+  const CallMark mark(this);  // the open and the header read: a dead server holds them too
   bool ok = store_->begin_load(req, &rd->fd, &rd->h);
   if (ok) {
     rd->direct = store_->aligned_for_direct(req);
@@ -291,6 +311,7 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
 void PosixRing::queue_read(Read* rd) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   while (sqe == nullptr) {  // never with 2 x depth + 1 entries; submitting frees them anyway
+    const CallMark mark(this);
     ++posix_thread_syscalls();
     (void)io_uring_submit(ring_.get());
     sqe = io_uring_get_sqe(ring_.get());
@@ -313,6 +334,7 @@ void PosixRing::queue_read(Read* rd) {
 // the kernel (the thread returns).
 bool PosixRing::wait_and_reap() {
   io_uring_cqe* cqe = nullptr;
+  submit_queued();  // under its mark: the wait below then only waits
   ++posix_thread_syscalls();
   const int w = io_uring_submit_and_wait(ring_.get(), 1);
   if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY)

@@ -61,10 +61,18 @@ class PosixRing {
   [[nodiscard]] static Result create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out);
   ~PosixRing();  // after stop() and wait_exit() returned true
 
-  void submit(IoRequest* req);
+  // false: the ring has given up (given_up) and did not take req.
+  [[nodiscard]] bool submit(IoRequest* req);
   // The caller counts n of its loads as stuck: n more reads may be in the
   // kernel at once, at most depth more in the ring's life (PosixBackend::requests_stuck).
-  void requests_stuck(uint32_t n);
+  // When the ring's own thread has been held in a system call for
+  // kStuckThreadNs (a read the file system ran inline and that does not
+  // return, an open or a header read that does not), the ring takes no more
+  // loads (given_up) and returns the queued ones, for the store's threads.
+  std::deque<IoRequest*> requests_stuck(uint32_t n);
+  // No load is to be submitted here any more: its thread was found stuck.
+  bool given_up() const { return given_up_.load(std::memory_order_acquire); }
+  static constexpr uint64_t kStuckThreadNs = 50'000'000;
   // Completes the queued requests (kTimeout); the reads in the kernel finish.
   void stop();
   // Whether the ring thread returned by the deadline (it is then joined).
@@ -107,6 +115,16 @@ class PosixRing {
   bool stopping_ = false;          // under mu_
   bool exited_ = false;            // under mu_
   uint32_t room_ = 0;              // under mu_: places beside stuck reads (requests_stuck), at most depth_
+  std::atomic<bool> given_up_{false};
+  // Since when the ring thread has been in a system call that may run a
+  // file system's code (prepare, submit); 0: in none (its wait for
+  // completions is not one). RAII: CallMark.
+  std::atomic<uint64_t> call_since_{0};
+  struct CallMark {
+    explicit CallMark(PosixRing* r);
+    ~CallMark();
+    PosixRing* ring;
+  };
   uint32_t in_flight_ = 0;         // the ring thread's: reads in the kernel
   struct Landed {
     Read* rd;

@@ -13,13 +13,19 @@
 // a read from a network file system goes to the kernel's io-wq workers.)
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +35,7 @@
 #include "backend/posix_backend.h"
 #include "backend/sim_content.h"
 #include "backend_test_util.h"
+#include "common/log_capture.h"
 #include "ucm_build_config.h"
 
 namespace ucm::test {
@@ -106,26 +113,24 @@ std::unique_ptr<PosixBackend> make_store(const std::string& dir, const std::stri
   return std::unique_ptr<PosixBackend>(static_cast<PosixBackend*>(b.release()));
 }
 
-// Two loads hang in the kernel on a store of depth 2; a third, into ordinary
-// memory, waits behind them until the caller says two are stuck, and then
-// loads while they still hang.
-void loads_past_two_hung_reads(const std::string& engine) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  HungBuffer h1, h2;
-  if (!h1.why_not().empty()) GTEST_SKIP() << "no userfaultfd here: " << h1.why_not();
-  auto store = make_store(dir.path, engine);
-  ASSERT_NE(store, nullptr);
-  ASSERT_STREQ(store->load_engine(), engine.c_str());
+void dump_blocks_1_to_3(PosixBackend* store) {
   std::vector<uint8_t> src(kShard);
   for (uint64_t b : {1, 2, 3}) {
     sim_fill(key(b, 0), src.data(), kShard);
-    ASSERT_EQ(dump_sync(store.get(), key(b, 0), src.data(), kShard).result, Result::kOk);
+    ASSERT_EQ(dump_sync(store, key(b, 0), src.data(), kShard).result, Result::kOk);
   }
+}
+
+// Loads of blocks 1 and 2 into h1 and h2 hang in the kernel on a store of
+// depth 2; a third, of block 3, waits behind them until the caller says two
+// are stuck, and then loads while they still hang. release() ends the hang:
+// the two loads complete (ok_after: with their bytes).
+void loads_past_two_hung_reads(PosixBackend* store, uint8_t* h1, uint8_t* h2, const std::function<void()>& release,
+                               bool ok_after) {
   Batch hung;
   Op o1, o2;
-  prepare(&o1, &hung, key(1, 0), h1.get(), kShard);
-  prepare(&o2, &hung, key(2, 0), h2.get(), kShard);
+  prepare(&o1, &hung, key(1, 0), h1, kShard);
+  prepare(&o2, &hung, key(2, 0), h2, kShard);
   store->load(&o1.req);
   store->load(&o2.req);
   AlignedBuf dst(kShard);
@@ -140,15 +145,138 @@ void loads_past_two_hung_reads(const std::string& engine) {
   EXPECT_EQ(o3.req.result, Result::kOk) << o3.req.error;
   EXPECT_EQ(sim_verify(key(3, 0), dst.get(), kShard), kShard);
   EXPECT_EQ(hung.count(), 0u) << "the hung reads ended before the test released them";
-  h1.release();
-  h2.release();
-  ASSERT_TRUE(hung.wait(2, 10000));
-  EXPECT_EQ(o1.req.result, Result::kOk) << o1.req.error;
-  EXPECT_EQ(sim_verify(key(1, 0), h1.get(), kShard), kShard);
+  release();
+  ASSERT_TRUE(hung.wait(2, 10000)) << "the hung reads did not end once released";
+  if (ok_after) {
+    EXPECT_EQ(o1.req.result, Result::kOk) << o1.req.error;
+    EXPECT_EQ(sim_verify(key(1, 0), h1, kShard), kShard);
+  } else {
+    EXPECT_NE(o1.req.result, Result::kOk);
+  }
   EXPECT_EQ(store->shutdown(deadline_after_ms(10000)), 0u);
 }
 
-TEST(PosixStuck, ThreadsLoadPastTwoHungReads) { loads_past_two_hung_reads("threads"); }
+TEST(PosixStuck, ThreadsLoadPastTwoHungReads) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  HungBuffer h1, h2;
+  if (!h1.why_not().empty()) GTEST_SKIP() << "no userfaultfd here: " << h1.why_not();
+  auto store = make_store(dir.path, "threads");
+  ASSERT_NE(store, nullptr);
+  ASSERT_NO_FATAL_FAILURE(dump_blocks_1_to_3(store.get()));
+  loads_past_two_hung_reads(store.get(), h1.get(), h2.get(), [&] { h1.release(); h2.release(); }, true);
+}
+
+// A FUSE file system whose reads of blocks 1 and 2's shards never return
+// (tests/backend/partly_hung_fs.py), over a directory the blocks were dumped
+// to; killed at the end (the hung reads then fail with ENOTCONN).
+class PartlyHungFs : public ::testing::Test {
+ protected:
+  // Mounts the file system, its reads through the page cache or not (cache:
+  // "direct" or "page", partly_hung_fs.py); a test that cannot is skipped.
+  void mount(const char* cache) {
+    const char* script = std::getenv("UCM_TEST_PARTLY_HUNG_FS");
+    if (script == nullptr || *script == '\0') GTEST_SKIP() << "UCM_TEST_PARTLY_HUNG_FS is not set (meson test sets it)";
+    if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
+    if (std::system("/usr/bin/python3 -c 'import fusepy' 2>/dev/null") != 0) GTEST_SKIP() << "no python3-fusepy";
+    ASSERT_FALSE(backing_.path.empty());
+    ASSERT_FALSE(mnt_.path.empty());
+    auto writer = make_store(backing_.path, "threads");
+    ASSERT_NE(writer, nullptr);
+    ASSERT_NO_FATAL_FAILURE(dump_blocks_1_to_3(writer.get()));
+    const std::string below = std::to_string(writer->index_offset());
+    const std::string n1 = basename_of(writer->block_path(block(1)));
+    const std::string n2 = basename_of(writer->block_path(block(2)));
+    const std::string log = backing_.path + ".fs.log";
+    server_ = fork();
+    ASSERT_GE(server_, 0);
+    if (server_ == 0) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      execl("/usr/bin/python3", "python3", script, backing_.path.c_str(), mnt_.path.c_str(), below.c_str(), cache,
+            n1.c_str(), n2.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const uint64_t until = deadline_after_ms(20000);
+    while (!mounted() && now_ns() < until && waitpid(server_, nullptr, WNOHANG) == 0) usleep(20000);
+    if (!mounted()) {
+      std::string why;
+      if (FILE* f = fopen(log.c_str(), "r")) {
+        char line[256];
+        while (fgets(line, sizeof(line), f) != nullptr) why += line;
+        fclose(f);
+      }
+      unlink(log.c_str());
+      GTEST_SKIP() << "the FUSE file system did not mount here: " << why;
+    }
+    unlink(log.c_str());
+  }
+  void TearDown() override { kill_server(); }
+  void kill_server() {
+    if (server_ <= 0) return;
+    kill(server_, SIGKILL);
+    waitpid(server_, nullptr, 0);
+    server_ = -1;
+    umount2(mnt_.path.c_str(), MNT_DETACH);
+  }
+  bool mounted() const {
+    FILE* f = fopen("/proc/mounts", "r");
+    if (f == nullptr) return false;
+    char dev[512], at[512], type[64];
+    bool found = false;
+    while (!found && fscanf(f, "%511s %511s %63s %*[^\n]", dev, at, type) == 3)
+      found = mnt_.path == at && std::string(type).rfind("fuse", 0) == 0;
+    fclose(f);
+    return found;
+  }
+  static std::string basename_of(const std::string& p) { return p.substr(p.rfind('/') + 1); }
+  // warned: the warnings expected (the ring's thread found stuck).
+  void run(const char* cache, const std::string& engine, size_t warned) {
+    mount(cache);
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto store = make_store(mnt_.path, engine);
+    ASSERT_NE(store, nullptr);
+    ASSERT_STREQ(store->load_engine(), engine.c_str());
+    AlignedBuf b1(kShard), b2(kShard);
+    {
+      LogCapture log;
+      loads_past_two_hung_reads(store.get(), b1.get(), b2.get(), [&] { kill_server(); }, false);
+      EXPECT_EQ(log.warnings(), warned) << log.first_lines();
+      if (warned > 0) {
+        EXPECT_EQ(log.warnings_with("the io_uring thread has been in one system call"), warned);
+      }
+    }
+  }
+
+  TempDir backing_, mnt_;
+  pid_t server_ = -1;
+};
+
+TEST_F(PartlyHungFs, ThreadsLoadPastTwoHungReads) { run("direct", "threads", 0); }
+
+// FUSE runs a direct_io read inline, in the ring's own thread, which the hung
+// read then holds in the kernel: the ring gives its loads to the threads.
+TEST_F(PartlyHungFs, TheRingGivesItsLoadsToTheThreadsWhenItsThreadHangs) {
+#if UCM_HAVE_URING
+  run("direct", "uring", 1);
+#else
+  GTEST_SKIP() << "built without io_uring";
+#endif
+}
+
+// Through the page cache, io_uring hands the hung reads to its own workers:
+// the ring's thread goes on, and takes the next load into the room made
+// beside them.
+TEST_F(PartlyHungFs, TheRingLoadsBesideTwoHungReadsInItsWorkers) {
+#if UCM_HAVE_URING
+  run("page", "uring", 0);
+#else
+  GTEST_SKIP() << "built without io_uring";
+#endif
+}
 
 // The room is bounded: a caller that says more are stuck than the depth
 // gets at most depth more (here 2 + 2 threads).
