@@ -138,6 +138,37 @@ TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
   EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
 }
 
+// io_depth 1 and a hung key owned by every rank: each rank's only place is
+// held by a load the store never answers. A quarter of the task's time in
+// (timeout_ms 4000: 1 s), that load counts as stuck and gives its place to
+// the next: a task of other keys completes. Before, io_depth was a hard
+// bound, and that task ended with UCM_ERR_TIMEOUT at its own deadline.
+TEST_F(Hang, LoadsThatHangGiveTheirPlaceToOthersAfterAQuarterOfTheirTime) {
+  const int n = world_size();
+  std::string hung = "sim:latency_us=1000,hang_keys=";
+  for (int r = 0; r < n; ++r) hung += (r > 0 ? "+" : "") + std::to_string(960 + r) + ".0";
+  ucm_config_t cfg = task_config(64, hung.c_str());
+  cfg.io_depth = 1;
+  cfg.timeout_ms = 4000;
+  ASSERT_NO_FATAL_FAILURE(init(cfg));
+  ucm_cache_t& cache = cache_;
+  LoadBatch h;  // rank r owns position r: key 960 + r, hung
+  for (int r = 0; r < n; ++r) h.add(ukey(960 + static_cast<uint64_t>(r), 0));
+  LoadBatch c;  // other keys, one per rank's stride
+  for (int r = 0; r < n; ++r) c.add(ukey(970, static_cast<uint32_t>(r)));
+  MPI_Barrier(MPI_COMM_WORLD);
+  ucm_task_t th = 0, tc = 0;
+  ASSERT_EQ(ucm_load_task(cache, h.entries.data(), h.entries.size(), &th), UCM_OK) << msg(cache);
+  ASSERT_EQ(ucm_load_task(cache, c.entries.data(), c.entries.size(), &tc), UCM_OK) << msg(cache);
+  EXPECT_EQ(wait_guarded(cache, tc, "the task beside loads that hang"), UCM_OK) << msg(cache);
+  for (size_t i = 0; i < c.entries.size(); ++i) EXPECT_EQ(c.verify(i), kTaskShard) << "entry " << i;
+  const ucm_result_t rh = wait_guarded(cache, th, "the task of the hung keys");
+  EXPECT_EQ(rh, UCM_ERR_TIMEOUT) << msg(cache);
+  expect_no_wrong_byte(h, "the hung task");
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_EQ(finalize(), UCM_OK) << msg(nullptr);
+}
+
 // A load past its deadline completes later, after the key was loaded again
 // into another slot: no byte of any slot is wrong, nothing leaks.
 TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
