@@ -28,7 +28,9 @@
 // once (posix_uring.h): the reads keep the disk busy while the thread is not
 // scheduled, and one wake-up completes every read that landed. Dumps always
 // run on the threads. engine=auto takes io_uring where it was built and the
-// kernel allows it, the threads otherwise. O_DIRECT is used when the file system accepts it
+// kernel allows it, the threads otherwise. requests_stuck() makes room beside
+// requests a dead server holds (spare threads, ring places), and a ring whose
+// own thread the file system holds hands its loads to the threads. O_DIRECT is used when the file system accepts it
 // and the buffer, length and offset meet its alignment (statx STATX_DIOALIGN
 // on a file there; 4096 where the kernel does not say), direct=auto; always
 // where aligned (on: init fails where the file system refuses O_DIRECT); or

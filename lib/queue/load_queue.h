@@ -79,6 +79,11 @@
 // naming them; one more load would likely hang too, and hold a slot (and
 // maybe a store thread) of its own for as long. One retry is sent: a store
 // that has recovered answers it while the first load is still stuck.
+// Stuck I/Os. An I/O in flight for a quarter of its task's time (at most
+// io_stuck_ns) gives its io_depth place to the next, up to io_depth such
+// (io_stuck_), and the store is told (Backend::requests_stuck) so that it
+// makes room beside it too: keys a store never answers do not hold every
+// place until their deadlines (docs/design.md 9.1, hung store loads).
 #pragma once
 
 #include <algorithm>
