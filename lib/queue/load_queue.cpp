@@ -259,6 +259,11 @@ void LoadQueue::dispatcher_main() {
       if (pending_.empty()) return;  // stopping
       t = pending_.front();
       pending_.pop_front();
+      if (t->done()) {  // failed at its deadline while it waited here (fail_overdue_pending)
+        lk.unlock();
+        if (t->kind() == TaskKind::kLoad) pass_queued(t->ordinal());
+        continue;
+      }
       if (stopping_) {
         lk.unlock();
         for (uint32_t i = 0; i < t->entries().size(); ++i)
@@ -304,7 +309,10 @@ Result LoadQueue::get_with_backpressure(const Key& k, const Task& t, GetResult* 
     // what of the task they serve now, not after our stride, then look again.
     if (mine && take_served(*mine)) continue;
     // Our copier frees what it copies: it must have every entry we hold.
-    if (t_dispatching == this) flush_batch();
+    if (t_dispatching == this) {
+      flush_batch();
+      fail_overdue_pending("a free cache slot");
+    }
     space.sleep(std::min(t.deadline_ns(), next_relax_ns(t, since, f.relax)));
   }
 }
@@ -588,12 +596,37 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
                   static_cast<unsigned long long>(stuck), kept ? "; one kept for a load the copier owns" : "");
     }
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
-    if (t_dispatching == this) flush_batch();
+    if (t_dispatching == this) {
+      flush_batch();
+      fail_overdue_pending("an I/O place");
+    }
     std::unique_lock<std::mutex> lk(io_mu_);
     if (!depth_left_locked(false)) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }
   send_load(t, index, slot);
   return Result::kOk;
+}
+
+void LoadQueue::fail_overdue_pending(const char* waiting_for) {
+  std::vector<std::shared_ptr<Task>> due;
+  const uint64_t now = now_ns();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const std::shared_ptr<Task>& t : pending_)
+      if (t->deadline_ns() <= now && !t->done()) due.push_back(t);
+  }
+  // Only this thread fails queued tasks (and pops them), so none is failed twice.
+  for (const std::shared_ptr<Task>& t : due) {
+    const auto& es = t->entries();
+    add(ctr_->tasks, 1);  // as dispatch() counts it
+    add(ctr_->shards, es.size());
+    add(ctr_->failed_shards, es.size());
+    for (uint32_t i = 0; i < es.size(); ++i)
+      t->entry_failed(i, Result::kTimeout,
+                      key_text(es[i].key) + ": the task's deadline passed while it waited in rank " +
+                          std::to_string(opts_.local_rank) + "'s queue, behind an earlier task waiting for " +
+                          waiting_for);
+  }
 }
 
 bool LoadQueue::depth_left_locked(bool copier) const {

@@ -296,6 +296,11 @@ class LoadQueue {
   // some rank serves, each with one get() that never waits for space; true
   // when it dispatched any. Never nests (taking_served_).
   bool take_served(const std::shared_ptr<Task>& t);
+  // While the dispatcher waits inside one task (for an I/O place, a free
+  // slot), a task queued behind it whose deadline passes fails then, each
+  // entry naming what the dispatcher waited for, not when the dispatcher
+  // reaches it; dispatcher_main then skips it (it is done).
+  void fail_overdue_pending(const char* waiting_for);
   // The dispatcher's: waits for I/O depth (bounded by t's deadline and the
   // older I/Os' deadlines), then sends the load.
   Result start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);

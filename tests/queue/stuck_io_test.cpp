@@ -36,15 +36,15 @@ struct OneKey {
   }
 };
 
-// A queue alone over 16 slots with io_depth places, whose sim store never
+// A queue alone over 16 slots (or `slots`) with io_depth places, whose sim store never
 // answers the loads of the keys hung (until it is destroyed).
 struct StuckStore : test::QueuePath {
-  void open(uint32_t depth, uint64_t stuck_ns) {
+  void open(uint32_t depth, uint64_t stuck_ns, uint32_t slots = 16) {
     test::QueueParts parts;
     parts.shard_bytes = kShard;
     parts.queue.io_depth = depth;
     parts.queue.io_stuck_ns = stuck_ns;
-    ASSERT_NO_FATAL_FAILURE(open_alone(16, std::move(parts), kWaitMs));
+    ASSERT_NO_FATAL_FAILURE(open_alone(slots, std::move(parts), kWaitMs));
   }
   const QueueCounters& ctr() const { return queue_counters(planes.ctrl.rank(0)); }
   // Submits a task of one hung key of its own.
@@ -99,6 +99,50 @@ TEST(StuckIo, NoMoreThanTwiceTheDepthGoToTheStore) {
   usleep(600'000);  // six times io_stuck_ns: time enough for more to be sent, were they allowed
   EXPECT_EQ(p.ctr().backend_loads.load(), 2u);
   EXPECT_EQ(p.queue->io_in_flight(), 2u);
+}
+
+// The dispatcher waits for a place inside the third hung key's task (the
+// stuck ones are at their bound); a task of another key queued behind it
+// fails at its own deadline, naming that wait, not when the dispatcher
+// reaches it (at the second hung load's deadline, 20 s). Its order against
+// the hung task's end says so, not a clock.
+TEST(StuckIo, ATaskQueuedBehindAWaitForAPlaceFailsAtItsOwnDeadline) {
+  StuckStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(1, 100'000'000));
+  auto h1 = p.hang(93001, kWaitMs);
+  auto h2 = p.hang(93002, kWaitMs);
+  auto h3 = p.hang(93003, kWaitMs);
+  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the second hung load was never sent past the first";
+  const Key k = test::key(93004, 0);
+  OneKey d(4, k, 300);
+  ASSERT_EQ(p.queue->submit(d.task), Result::kOk) << last_error();
+  ASSERT_TRUE(d.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_FALSE(h3->task->done()) << "the task the dispatcher waited in ended first";
+  EXPECT_EQ(d.task->result(), Result::kTimeout) << d.task->error();
+  EXPECT_NE(d.task->error().find("waited in rank 0's queue, behind an earlier task waiting for an I/O place"),
+            std::string::npos)
+      << d.task->error();
+  EXPECT_EQ(p.ctr().backend_loads.load(), 2u);
+}
+
+// The same for a wait for space: two slots, both held by loads that hang;
+// the third hung key's task waits for a free slot (until its deadline, 20 s),
+// and a task queued behind it fails at its own.
+TEST(StuckIo, ATaskQueuedBehindAWaitForSpaceFailsAtItsOwnDeadline) {
+  StuckStore p;
+  ASSERT_NO_FATAL_FAILURE(p.open(4, QueueOptions{}.io_stuck_ns, 2));
+  auto h1 = p.hang(94001, kWaitMs);
+  auto h2 = p.hang(94002, kWaitMs);
+  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the hung loads never went to the store";
+  auto h3 = p.hang(94003, kWaitMs);
+  const Key k = test::key(94004, 0);
+  OneKey d(4, k, 300);
+  ASSERT_EQ(p.queue->submit(d.task), Result::kOk) << last_error();
+  ASSERT_TRUE(d.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_FALSE(h3->task->done()) << "the task the dispatcher waited in ended first";
+  EXPECT_EQ(d.task->result(), Result::kTimeout) << d.task->error();
+  EXPECT_NE(d.task->error().find("behind an earlier task waiting for a free cache slot"), std::string::npos)
+      << d.task->error();
 }
 
 }  // namespace
