@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <system_error>
 
 #include "ucm_build_config.h"
 #include "common/time.h"
@@ -370,6 +371,10 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
   b->dio_mem_align_ = direct.mem_align;
   b->dio_off_align_ = direct.off_align;
   UCM_CHECK(b->start_ring());
+  // Where the store's threads may run (the creating thread's: the app's at
+  // init, unpinned); spares made later from pinned threads take it too.
+  CPU_ZERO(&b->affinity_);
+  b->has_affinity_ = sched_getaffinity(0, sizeof(b->affinity_), &b->affinity_) == 0;
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
   UCM_NODE_INFO(kBackend,
                 "store: posix at %s: %u I/O threads, loads on %s, O_DIRECT %s (alignment: memory %u, offset %u), "
@@ -508,9 +513,11 @@ void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
   uint32_t n = loads + dumps;
   std::deque<IoRequest*> handed;
 #if UCM_HAVE_URING
-  if (ring_ && !ring_->given_up()) {  // the loads run there; dumps still run on the threads
+  if (loads > 0 && ring_ && !ring_->given_up()) {  // the loads run there; dumps still run on the threads
     handed = ring_->requests_stuck(loads);
     if (!ring_->given_up()) n = dumps;  // else its thread is stuck: its queued loads, and the next ones, come here
+  } else if (ring_ && !ring_->given_up()) {
+    n = dumps;
   }
 #endif
   bool refused = false;
@@ -521,12 +528,9 @@ void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
       for (IoRequest* req : handed) queue_.emplace_back(req, true);
     // Never after shutdown began: it joins or detaches threads_ unlocked.
     const size_t before = threads_.size();
-    while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth) {
-      threads_.emplace_back([this] { worker(); });
-      --n;
-    }
+    while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth && add_spare_locked()) --n;
     if (threads_.size() > before)
-      UCM_INFO(kBackend, "posix store at %s: requests stuck in the kernel; %zu I/O threads now (depth %u, at most %u)",
+      UCM_INFO(kBackend, "posix store at %s: requests stuck in the store; %zu I/O threads now (depth %u, at most %u)",
                opts_.dir.c_str(), threads_.size(), opts_.depth, 2 * opts_.depth);
   }
   if (refused) {
@@ -534,6 +538,21 @@ void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
     return;
   }
   if (!handed.empty()) cv_.notify_all();
+}
+
+bool PosixBackend::add_spare_locked() {
+  // The caller is the queue's dispatcher or copier, pinned to its core
+  // (topo/): a spare runs where the store's first threads do instead.
+  try {
+    threads_.emplace_back([this] {
+      if (has_affinity_) (void)sched_setaffinity(0, sizeof(affinity_), &affinity_);
+      worker();
+    });
+  } catch (const std::system_error& e) {  // EAGAIN: a limit on threads (RLIMIT_NPROC, a pids cgroup)
+    UCM_WARN("posix store at %s: no spare I/O thread beside stuck requests: %s", opts_.dir.c_str(), e.what());
+    return false;
+  }
+  return true;
 }
 
 uint32_t PosixBackend::io_threads() {

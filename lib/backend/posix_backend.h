@@ -51,6 +51,7 @@
 //   hold '=' and ',' (see spec.h).
 #pragma once
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -183,6 +184,9 @@ class PosixBackend final : public Backend {
   Result start_ring();
   void log_occupancy();
   uint32_t wait_workers(uint64_t deadline_ns);
+  // One more I/O thread (under mu_, not stopping); false when the system
+  // would not start one (warned).
+  bool add_spare_locked();
   void do_dump(IoRequest* req);
   bool aligned_for_direct(const IoRequest* req) const;
   Result open_block(const Key& k, bool for_dump, int* fd, char* err, size_t err_len) const;
@@ -214,6 +218,8 @@ class PosixBackend final : public Backend {
   std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
+  cpu_set_t affinity_;          // where the I/O threads run (create()'s thread's CPUs)
+  bool has_affinity_ = false;
   struct RingDeleter {
     void operator()(PosixRing* r) const;
   };

@@ -138,6 +138,7 @@ PosixRing::CallMark::~CallMark() { ring->call_since_.store(0, std::memory_order_
 
 std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
   bool wake = false;
+  uint32_t room = 0;
   std::deque<IoRequest*> handed;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -146,20 +147,23 @@ std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
       // Under mu_: the thread takes nothing queued from here on.
       given_up_.store(true, std::memory_order_release);
       handed.swap(queue_);
-      UCM_WARN("posix store at %s: the io_uring thread has been in one system call for over %llu ms (a read or an "
-               "open the file system does not return); loads go to the store's I/O threads from now on",
+      UCM_WARN("posix store at %s: the io_uring thread has been in one call into the file system for over %llu ms "
+               "(a read, an open or a close that does not return); loads go to the store's I/O threads from now on",
                store_->opts_.dir.c_str(), static_cast<unsigned long long>(kStuckThreadNs / 1'000'000));
       return handed;
     }
     const uint32_t before = room_;
     room_ = std::min(depth_, room_ + n);
-    // A thread that waits with every place taken was not said asleep_: the
-    // bell lets it take what is queued into the new places.
-    wake = room_ > before && !queue_.empty() && !stopping_;
-    if (room_ > before)
-      UCM_INFO(kBackend, "posix store at %s: reads stuck in the kernel; %u reads in the ring now (depth %u, at most %u)",
-               store_->opts_.dir.c_str(), depth_ + room_, depth_, 2 * depth_);
+    // A thread that waits with every place taken said it was not asleep_, so
+    // no submit() rings for what comes next: the bell goes now, queued loads
+    // or not (the caller sends the load that takes the place after this call).
+    wake = room_ > before && !stopping_;
+    if (wake) asleep_ = false;
+    room = room_;
   }
+  if (wake)
+    UCM_INFO(kBackend, "posix store at %s: loads stuck in the store; up to %u reads in the ring now (depth %u, at most %u)",
+             store_->opts_.dir.c_str(), depth_ + room, depth_, 2 * depth_);
   if (wake) {
     const uint64_t one = 1;
     (void)!write(bell_fd_, &one, sizeof(one));
@@ -221,6 +225,14 @@ void PosixRing::count_syscalls() {
 
 void PosixRing::main() {
   name_this_thread("uring");
+  // The kernel runs a read it cannot start without blocking (a page-cache
+  // fill, a file system without nowait) on this thread's io-wq workers, at
+  // most min(entries, 4 x CPUs) at once by default: on a small node fewer
+  // than the places beside stuck reads (requests_stuck). Per thread: set here.
+  unsigned workers[2] = {2 * depth_ + 1, 0};  // bounded (regular files), unbounded unchanged
+  if (const int e = io_uring_register_iowq_max_workers(ring_.get(), workers); e < 0)
+    UCM_INFO(kBackend, "posix store at %s: io_uring_register_iowq_max_workers: %s (the kernel's default stays)",
+             store_->opts_.dir.c_str(), strerror(-e));
   syscalls_counted_ = posix_thread_syscalls();
   for (;;) {
     // The kernel first: the reads that landed gave their places to queued
@@ -285,19 +297,22 @@ bool PosixRing::prepare(IoRequest* req, Read* rd, bool nothing_queued) {
   UCM_TRACE(TraceRange::kBackendLoad);
   store_->note_load_start(nothing_queued);
   store_->counters_.load_started();
-  const CallMark mark(this);  // the open and the header read: a dead server holds them too
-  bool ok = store_->begin_load(req, &rd->fd, &rd->h);
-  if (ok) {
-    rd->direct = store_->aligned_for_direct(req);
-    if (!set_ring_flags(rd->fd, rd->direct) && rd->direct) {
-      // The file system takes no O_DIRECT (the thread engine's fcntl case).
-      if (errno == EINVAL) {
-        req->direct_fallback = true;
-        store_->stop_direct("fcntl O_DIRECT: Invalid argument");
+  bool ok = false;
+  {
+    const CallMark mark(this);  // the open and the header read: a dead server holds them too
+    ok = store_->begin_load(req, &rd->fd, &rd->h);
+    if (ok) {
+      rd->direct = store_->aligned_for_direct(req);
+      if (!set_ring_flags(rd->fd, rd->direct) && rd->direct) {
+        // The file system takes no O_DIRECT (the thread engine's fcntl case).
+        if (errno == EINVAL) {
+          req->direct_fallback = true;
+          store_->stop_direct("fcntl O_DIRECT: Invalid argument");
+        }
+        rd->direct = false;
+        ok = set_ring_flags(rd->fd, false);
+        if (!ok) store_->end_load(req, rd->fd, rd->h, -errno);
       }
-      rd->direct = false;
-      ok = set_ring_flags(rd->fd, false);
-      if (!ok) store_->end_load(req, rd->fd, rd->h, -errno);
     }
   }
   if (!ok) {
@@ -386,6 +401,7 @@ void PosixRing::on_read(Read* rd, int res, bool abandoned) {
 // and a process with `depth` descriptors to spare failed loads with EMFILE).
 void PosixRing::land(Read* rd, ssize_t n) {
   if (rd->fd >= 0) {
+    const CallMark mark(this);  // a network file system's close talks to its server
     ++posix_thread_syscalls();
     close(rd->fd);
     rd->fd = -1;

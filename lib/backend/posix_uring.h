@@ -65,14 +65,15 @@ class PosixRing {
   [[nodiscard]] bool submit(IoRequest* req);
   // The caller counts n of its loads as stuck: n more reads may be in the
   // kernel at once, at most depth more in the ring's life (PosixBackend::requests_stuck).
-  // When the ring's own thread has been held in a system call for
-  // kStuckThreadNs (a read the file system ran inline and that does not
-  // return, an open or a header read that does not), the ring takes no more
-  // loads (given_up) and returns the queued ones, for the store's threads.
+  // When the ring's own thread has been held in a call into the file system
+  // for kStuckThreadNs (a read the file system ran inline and that does not
+  // return, an open, a header read or a close that does not), the ring takes
+  // no more loads (given_up) and returns the queued ones, for the store's
+  // threads. For good: the store's loads stay on the threads.
   std::deque<IoRequest*> requests_stuck(uint32_t n);
   // No load is to be submitted here any more: its thread was found stuck.
   bool given_up() const { return given_up_.load(std::memory_order_acquire); }
-  static constexpr uint64_t kStuckThreadNs = 50'000'000;
+  static constexpr uint64_t kStuckThreadNs = 200'000'000;
   // Completes the queued requests (kTimeout); the reads in the kernel finish.
   void stop();
   // Whether the ring thread returned by the deadline (it is then joined).

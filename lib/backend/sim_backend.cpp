@@ -1,5 +1,6 @@
 #include "backend/sim_backend.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdlib>
 
@@ -214,7 +215,7 @@ void SimBackend::dump(IoRequest* req) { submit(req, false); }
 void SimBackend::submit(IoRequest* req, bool is_load) {
   if (reject_malformed(req, ctx_, is_load, "sim", &counters_)) return;
   std::lock_guard<std::mutex> g(mu_);
-  if (admitted_ < opts_.max_inflight) admit_locked(req, is_load, now_ns());
+  if (admitted_ < opts_.max_inflight + room_) admit_locked(req, is_load, now_ns());
   else waiting_.emplace_back(req, is_load);
 }
 
@@ -305,13 +306,24 @@ void SimBackend::worker() {
   }
 }
 
+void SimBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
+  std::lock_guard<std::mutex> g(mu_);
+  room_ = std::min(opts_.max_inflight, room_ + loads + dumps);
+  const uint64_t now = now_ns();
+  while (!stopping_ && !waiting_.empty() && admitted_ < opts_.max_inflight + room_) {
+    auto [next, next_is_load] = waiting_.front();
+    waiting_.pop_front();
+    admit_locked(next, next_is_load, now);
+  }
+}
+
 void SimBackend::finish(IoRequest* req, bool is_load) {
   if (is_load) counters_.load_finished(*req);
   else counters_.dump_finished(*req);
   req->done(req);
   std::lock_guard<std::mutex> g(mu_);
   --admitted_;
-  if (!waiting_.empty() && !stopping_) {
+  if (!waiting_.empty() && !stopping_ && admitted_ < opts_.max_inflight + room_) {
     auto [next, next_is_load] = waiting_.front();
     waiting_.pop_front();
     admit_locked(next, next_is_load, now_ns());

@@ -6,7 +6,8 @@
 // Timing model: a request admitted at time t completes at
 //   t + latency_us + bytes / (gbps * 1e9 B/s)
 // and at most max_inflight requests are admitted at once; the rest wait in
-// FIFO order. `workers` threads fill buffers and run completions.
+// FIFO order. Beside requests its caller counts as stuck (requests_stuck: a
+// hung key's), it admits as many more, up to max_inflight more in its life. `workers` threads fill buffers and run completions.
 //
 // Spec: sim:latency_us=500,gbps=4,max_inflight=64,workers=4,
 //           fail_keys=LO.SHARD+LO.SHARD,hang_keys=LO.SHARD,fail_fraction=0.01,seed=1,
@@ -77,6 +78,13 @@ class SimBackend final : public Backend {
   void touch(const BlockId* blocks, size_t n) override;
   [[nodiscard]] Result exists(const Key& k, bool* out) override;
   BackendCounters counters() const override { return counters_.snapshot(); }
+  void requests_stuck(uint32_t loads, uint32_t dumps) override;
+  // Requests that may be admitted at once now (max_inflight, and the room
+  // made beside stuck ones).
+  uint32_t inflight_limit() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return opts_.max_inflight + room_;
+  }
 
   // Fault injection, at run time.
   void fail_key(const Key& k);
@@ -121,6 +129,7 @@ class SimBackend final : public Backend {
   std::deque<std::pair<IoRequest*, bool>> waiting_;  // over the in-flight limit
   std::vector<IoRequest*> hung_;
   uint32_t admitted_ = 0;
+  uint32_t room_ = 0;  // admitted beside stuck requests (requests_stuck), at most max_inflight
   uint32_t sync_held_ = 0;  // calls inside hold_sync(); the destructor waits them out
   bool stopping_ = false;
   std::unordered_set<Key, KeyHash> fail_, hang_;

@@ -265,7 +265,8 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
     fail_item(it, Result::kTimeout,
               key_text(e.key) + ": the task's deadline passed before its load was sent" +
                   (depth_free() ? std::string()
-                                : " (all " + std::to_string(opts_.io_depth) + " of this rank's backend I/Os in flight)"));
+                                : " (all " + std::to_string(opts_.io_depth) + " of this rank's I/O places held, and " +
+                                      std::to_string(io_stuck()) + " stuck in the store)"));
   }
   *look = Look::kEnded;
   return false;

@@ -42,7 +42,7 @@ void LoadQueue::start_write(const std::shared_ptr<Task>& t, uint32_t index, uint
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, t, index, slot, false};
   io->deadline_ns = t->deadline_ns();
-  io->stuck_at_ns = stuck_at(io->deadline_ns);
+  io->stuck_at_ns = stuck_at(*t);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
   io->req.bytes = cache_->ctrl().slot_bytes();

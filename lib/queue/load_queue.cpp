@@ -673,7 +673,7 @@ void LoadQueue::send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32
   cache_->add_pin(slot);
   auto* io = new Io{IoRequest{}, this, nullptr, index, slot, true};
   io->deadline_ns = t->deadline_ns();
-  io->stuck_at_ns = stuck_at(io->deadline_ns);
+  io->stuck_at_ns = stuck_at(*t);
   io->word = cache_->word(slot);
   io->req.key = t->entries()[index].key;
   io->req.buf = cache_->data_at(slot);
@@ -697,7 +697,7 @@ uint64_t LoadQueue::expire_due_ios() {
   std::vector<Expired> due;
   uint64_t next = kNoDeadline;
   const uint64_t now = now_ns();
-  uint32_t stuck_loads = 0, stuck_writes = 0;
+  uint32_t newly_stuck_loads = 0, newly_stuck_writes = 0;
   {
     std::lock_guard<std::mutex> g(io_mu_);
     bool freed = false;
@@ -705,7 +705,7 @@ uint64_t LoadQueue::expire_due_ios() {
       Io* io = live_ios_[k];
       if (io->deadline_ns > now) {
         const bool marked = mark_stuck_locked(io, now);
-        (io->is_load ? stuck_loads : stuck_writes) += marked ? 1 : 0;
+        (io->is_load ? newly_stuck_loads : newly_stuck_writes) += marked ? 1 : 0;
         freed |= marked;
         next = std::min(next, io->deadline_ns);
         // Stuck already, or due with no room: its deadline is what comes next.
@@ -730,7 +730,7 @@ uint64_t LoadQueue::expire_due_ios() {
     if (freed) io_cv_.notify_all();
   }
   // The store makes room beside them too.
-  if (stuck_loads + stuck_writes > 0) backend_->requests_stuck(stuck_loads, stuck_writes);
+  if (newly_stuck_loads + newly_stuck_writes > 0) backend_->requests_stuck(newly_stuck_loads, newly_stuck_writes);
   for (const Expired& x : due) end_expired(x);
   return next;
 }
@@ -756,10 +756,13 @@ void LoadQueue::end_expired(const Expired& x) {
   }
 }
 
-uint64_t LoadQueue::stuck_at(uint64_t deadline) const {
-  const uint64_t now = now_ns();
-  const uint64_t quarter = deadline > now ? (deadline - now) / 4 : 0;
-  return now + std::min(quarter, opts_.io_stuck_ns);
+uint64_t LoadQueue::stuck_at(const Task& t) const {
+  // The floor: a load sent late in its task's life (a retry, a task that
+  // waited in the queue) is not stuck within a few milliseconds; every such
+  // count makes the store add room for good.
+  const uint64_t span = t.deadline_ns() > t.submit_ns() ? t.deadline_ns() - t.submit_ns() : 0;
+  const uint64_t floor = std::min(load_queue_impl::kStuckFloorNs, opts_.io_stuck_ns);
+  return now_ns() + std::clamp(span / 4, floor, opts_.io_stuck_ns);
 }
 
 bool LoadQueue::mark_stuck_locked(Io* io, uint64_t now) {
@@ -771,8 +774,8 @@ bool LoadQueue::mark_stuck_locked(Io* io, uint64_t now) {
   --io_inflight_;
   ++io_stuck_;
   UCM_INFO(kQueue,
-           "rank %u: %s: the store has held this %s for a quarter of its task's time (or %llu ms); its I/O place goes "
-           "to the next (%llu stuck)",
+           "rank %u: %s: the store has held this %s for a quarter of its task's time (at most %llu ms); its I/O place "
+           "goes to the next (%llu stuck)",
            opts_.local_rank, key_text(io->req.key).c_str(), io->is_load ? "load" : "write",
            static_cast<unsigned long long>(opts_.io_stuck_ns / 1'000'000), static_cast<unsigned long long>(io_stuck_));
   return true;

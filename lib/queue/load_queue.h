@@ -112,8 +112,8 @@ struct QueueOptions {
   bool rotate = true;
   bool prealloc = true;
   uint32_t io_depth = 16;
-  // A backend I/O in flight for a quarter of its task's time, or for this
-  // long if that is sooner, is stuck: it gives its io_depth place back (a
+  // A backend I/O in flight for a quarter of its task's time (at least
+  // 250 ms, or this if less), or for this long if that is sooner, is stuck: it gives its io_depth place back (a
   // store that hangs on some files keeps serving the others), up to io_depth
   // stuck at once (so at most 2 x io_depth in flight).
   uint64_t io_stuck_ns = 1'000'000'000;
@@ -362,8 +362,10 @@ class LoadQueue {
   // Moves the live I/O io to io_stuck_ when it is due and room is left (under
   // io_mu_); true when it did.
   bool mark_stuck_locked(Io* io, uint64_t now);
-  // When an I/O sent now for a task ending at deadline counts as stuck.
-  uint64_t stuck_at(uint64_t deadline) const;
+  // When an I/O of t sent now counts as stuck: a quarter of t's time (from
+  // its submission to its deadline) from now, at least kStuckFloorNs (or
+  // io_stuck_ns if less) and at most io_stuck_ns.
+  uint64_t stuck_at(const Task& t) const;
   void track_io(Io* io);
   std::string corrupt_text(const Key& k, uint32_t slot, uint32_t w);
   // Releases every copy that landed; then, while more than `keep` are in

@@ -18,7 +18,9 @@ constexpr uint64_t kStopCheckNs = 20'000'000;  // how often blocked threads look
 // on slots of later tasks (ctrl/protect_relax.h): a rank that progresses takes
 // what it is owed well within it.
 constexpr uint64_t kRelaxLevelNs = 5'000'000;
-constexpr uint64_t kLookShare = 9;  // a wait for space sleeps 9x as long as its last look took (space_bell.h)
+constexpr uint64_t kLookShare = 9;
+// The least time an I/O is in flight before it counts as stuck (stuck_at).
+constexpr uint64_t kStuckFloorNs = 250'000'000;  // a wait for space sleeps 9x as long as its last look took (space_bell.h)
 
 inline void add(std::atomic<uint64_t>& c, uint64_t v) { c.fetch_add(v, std::memory_order_relaxed); }
 

@@ -99,59 +99,79 @@ class HungBuffer {
   std::string why_;
 };
 
-std::unique_ptr<PosixBackend> make_store(const std::string& dir, const std::string& engine) {
+std::unique_ptr<PosixBackend> make_store(const std::string& dir, const std::string& engine, uint32_t depth = 2) {
   BackendContext c;
   c.shard_bytes = kShard;
   c.shards_per_block = 1;
   std::unique_ptr<Backend> b;
   // Buffered: the read copies into the hung buffer in the kernel (a direct
   // read would hang as well, on pinning it; buffered works on every file system).
-  const std::string spec = "posix:" + dir + ",depth=2,direct=off,engine=" + engine;
+  const std::string spec = "posix:" + dir + ",depth=" + std::to_string(depth) + ",direct=off,engine=" + engine;
   const Result r = make_backend(spec, c, &b);
   EXPECT_EQ(r, Result::kOk) << spec << ": " << last_error();
   if (r != Result::kOk) return nullptr;
   return std::unique_ptr<PosixBackend>(static_cast<PosixBackend*>(b.release()));
 }
 
-void dump_blocks_1_to_3(PosixBackend* store) {
+// Blocks 1..n, each one shard of its own bytes.
+void dump_blocks(PosixBackend* store, uint64_t n) {
   std::vector<uint8_t> src(kShard);
-  for (uint64_t b : {1, 2, 3}) {
+  for (uint64_t b = 1; b <= n; ++b) {
     sim_fill(key(b, 0), src.data(), kShard);
     ASSERT_EQ(dump_sync(store, key(b, 0), src.data(), kShard).result, Result::kOk);
   }
 }
 
-// Loads of blocks 1 and 2 into h1 and h2 hang in the kernel on a store of
-// depth 2; a third, of block 3, waits behind them until the caller says two
-// are stuck, and then loads while they still hang. release() ends the hang:
-// the two loads complete (ok_after: with their bytes).
-void loads_past_two_hung_reads(PosixBackend* store, uint8_t* h1, uint8_t* h2, const std::function<void()>& release,
-                               bool ok_after) {
+// How a run goes: the loads of blocks 1..H (H = hung.size(), the store's
+// depth) into hung[] hang in the kernel; a load of block H + 1 waits behind
+// them until the caller says H are stuck, and then loads while they still
+// hang. told_first: the caller says so before it sends that load (as the
+// queue does: it counts its loads stuck, then sends the next into the place);
+// otherwise once the load has waited. release() ends the hang: the hung
+// loads complete (ok_after: with their bytes).
+struct HungRun {
+  std::vector<uint8_t*> hung;
+  std::function<void()> release;
+  bool ok_after = true;
+  bool told_first = false;
+};
+
+void loads_past_hung_reads(PosixBackend* store, const HungRun& run) {
+  const auto h = static_cast<uint32_t>(run.hung.size());
   Batch hung;
-  Op o1, o2;
-  prepare(&o1, &hung, key(1, 0), h1, kShard);
-  prepare(&o2, &hung, key(2, 0), h2, kShard);
-  store->load(&o1.req);
-  store->load(&o2.req);
+  std::vector<Op> ops(h);
+  for (uint32_t i = 0; i < h; ++i) {
+    prepare(&ops[i], &hung, key(i + 1, 0), run.hung[i], kShard);
+    store->load(&ops[i].req);
+  }
   AlignedBuf dst(kShard);
   Batch other;
-  Op o3;
-  prepare(&o3, &other, key(3, 0), dst.get(), kShard);
-  store->load(&o3.req);
-  EXPECT_FALSE(other.wait(1, 300)) << "the third load did not wait: the first two did not hang";
-  EXPECT_EQ(hung.count(), 0u);
-  store->requests_stuck(2, 0);
-  EXPECT_TRUE(other.wait(1, 10000)) << "the third load still waits behind the two hung reads";
-  EXPECT_EQ(o3.req.result, Result::kOk) << o3.req.error;
-  EXPECT_EQ(sim_verify(key(3, 0), dst.get(), kShard), kShard);
-  EXPECT_EQ(hung.count(), 0u) << "the hung reads ended before the test released them";
-  release();
-  ASSERT_TRUE(hung.wait(2, 10000)) << "the hung reads did not end once released";
-  if (ok_after) {
-    EXPECT_EQ(o1.req.result, Result::kOk) << o1.req.error;
-    EXPECT_EQ(sim_verify(key(1, 0), h1, kShard), kShard);
+  Op next;
+  const Key k = key(h + 1, 0);
+  prepare(&next, &other, k, dst.get(), kShard);
+  if (run.told_first) {
+    usleep(300'000);  // the hung loads reach the kernel
+    store->requests_stuck(h, 0);
+    store->load(&next.req);
   } else {
-    EXPECT_NE(o1.req.result, Result::kOk);
+    store->load(&next.req);
+    EXPECT_FALSE(other.wait(1, 300)) << "the last load did not wait: the others did not hang";
+    store->requests_stuck(h, 0);
+  }
+  EXPECT_EQ(hung.count(), 0u) << "the hung reads ended before the test released them";
+  EXPECT_TRUE(other.wait(1, 10000)) << "the last load still waits behind the " << h << " hung reads";
+  EXPECT_EQ(next.req.result, Result::kOk) << next.req.error;
+  EXPECT_EQ(sim_verify(k, dst.get(), kShard), kShard);
+  EXPECT_EQ(hung.count(), 0u) << "the hung reads ended before the test released them";
+  run.release();
+  ASSERT_TRUE(hung.wait(h, 10000)) << "the hung reads did not end once released";
+  for (uint32_t i = 0; i < h; ++i) {
+    if (run.ok_after) {
+      EXPECT_EQ(ops[i].req.result, Result::kOk) << ops[i].req.error;
+      EXPECT_EQ(sim_verify(key(i + 1, 0), run.hung[i], kShard), kShard);
+    } else {
+      EXPECT_NE(ops[i].req.result, Result::kOk);
+    }
   }
   EXPECT_EQ(store->shutdown(deadline_after_ms(10000)), 0u);
 }
@@ -163,18 +183,24 @@ TEST(PosixStuck, ThreadsLoadPastTwoHungReads) {
   if (!h1.why_not().empty()) GTEST_SKIP() << "no userfaultfd here: " << h1.why_not();
   auto store = make_store(dir.path, "threads");
   ASSERT_NE(store, nullptr);
-  ASSERT_NO_FATAL_FAILURE(dump_blocks_1_to_3(store.get()));
-  loads_past_two_hung_reads(store.get(), h1.get(), h2.get(), [&] { h1.release(); h2.release(); }, true);
+  ASSERT_NO_FATAL_FAILURE(dump_blocks(store.get(), 3));
+  HungRun run;
+  run.hung = {h1.get(), h2.get()};
+  run.release = [&] {
+    h1.release();
+    h2.release();
+  };
+  loads_past_hung_reads(store.get(), run);
 }
 
-// A FUSE file system whose reads of blocks 1 and 2's shards never return
-// (tests/backend/partly_hung_fs.py), over a directory the blocks were dumped
-// to; killed at the end (the hung reads then fail with ENOTCONN).
+// A FUSE file system whose reads of the shards of blocks 1..H never return
+// (tests/backend/partly_hung_fs.py), over a directory blocks 1..H + 1 were
+// dumped to; killed at the end (the hung reads then fail with ENOTCONN).
 class PartlyHungFs : public ::testing::Test {
  protected:
   // Mounts the file system, its reads through the page cache or not (cache:
   // "direct" or "page", partly_hung_fs.py); a test that cannot is skipped.
-  void mount(const char* cache) {
+  void mount(const char* cache, uint32_t hung) {
     const char* script = std::getenv("UCM_TEST_PARTLY_HUNG_FS");
     if (script == nullptr || *script == '\0') GTEST_SKIP() << "UCM_TEST_PARTLY_HUNG_FS is not set (meson test sets it)";
     if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
@@ -183,10 +209,10 @@ class PartlyHungFs : public ::testing::Test {
     ASSERT_FALSE(mnt_.path.empty());
     auto writer = make_store(backing_.path, "threads");
     ASSERT_NE(writer, nullptr);
-    ASSERT_NO_FATAL_FAILURE(dump_blocks_1_to_3(writer.get()));
-    const std::string below = std::to_string(writer->index_offset());
-    const std::string n1 = basename_of(writer->block_path(block(1)));
-    const std::string n2 = basename_of(writer->block_path(block(2)));
+    ASSERT_NO_FATAL_FAILURE(dump_blocks(writer.get(), hung + 1));
+    std::vector<std::string> args = {"python3", script, backing_.path, mnt_.path,
+                                     std::to_string(writer->index_offset()), cache};
+    for (uint64_t b = 1; b <= hung; ++b) args.push_back(basename_of(writer->block_path(block(b))));
     const std::string log = backing_.path + ".fs.log";
     server_ = fork();
     ASSERT_GE(server_, 0);
@@ -196,8 +222,10 @@ class PartlyHungFs : public ::testing::Test {
         dup2(fd, 1);
         dup2(fd, 2);
       }
-      execl("/usr/bin/python3", "python3", script, backing_.path.c_str(), mnt_.path.c_str(), below.c_str(), cache,
-            n1.c_str(), n2.c_str(), static_cast<char*>(nullptr));
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv("/usr/bin/python3", argv.data());
       _exit(127);
     }
     const uint64_t until = deadline_after_ms(20000);
@@ -233,20 +261,29 @@ class PartlyHungFs : public ::testing::Test {
     return found;
   }
   static std::string basename_of(const std::string& p) { return p.substr(p.rfind('/') + 1); }
-  // warned: the warnings expected (the ring's thread found stuck).
-  void run(const char* cache, const std::string& engine, size_t warned) {
-    mount(cache);
+  // `hung` loads hang on a store of that depth; warned: the warnings
+  // expected (the ring's thread found stuck).
+  void run(const char* cache, const std::string& engine, uint32_t hung, bool told_first, size_t warned) {
+    mount(cache, hung);
     if (IsSkipped() || HasFatalFailure()) return;
-    auto store = make_store(mnt_.path, engine);
+    auto store = make_store(mnt_.path, engine, hung);
     ASSERT_NE(store, nullptr);
     ASSERT_STREQ(store->load_engine(), engine.c_str());
-    AlignedBuf b1(kShard), b2(kShard);
+    std::vector<std::unique_ptr<AlignedBuf>> bufs;
+    HungRun r;
+    for (uint32_t i = 0; i < hung; ++i) {
+      bufs.push_back(std::make_unique<AlignedBuf>(kShard));
+      r.hung.push_back(bufs.back()->get());
+    }
+    r.release = [&] { kill_server(); };
+    r.ok_after = false;
+    r.told_first = told_first;
     {
       LogCapture log;
-      loads_past_two_hung_reads(store.get(), b1.get(), b2.get(), [&] { kill_server(); }, false);
+      loads_past_hung_reads(store.get(), r);
       EXPECT_EQ(log.warnings(), warned) << log.first_lines();
       if (warned > 0) {
-        EXPECT_EQ(log.warnings_with("the io_uring thread has been in one system call"), warned);
+        EXPECT_EQ(log.warnings_with("the io_uring thread has been in one call into the file system"), warned);
       }
     }
   }
@@ -255,13 +292,13 @@ class PartlyHungFs : public ::testing::Test {
   pid_t server_ = -1;
 };
 
-TEST_F(PartlyHungFs, ThreadsLoadPastTwoHungReads) { run("direct", "threads", 0); }
+TEST_F(PartlyHungFs, ThreadsLoadPastTwoHungReads) { run("direct", "threads", 2, false, 0); }
 
 // FUSE runs a direct_io read inline, in the ring's own thread, which the hung
 // read then holds in the kernel: the ring gives its loads to the threads.
 TEST_F(PartlyHungFs, TheRingGivesItsLoadsToTheThreadsWhenItsThreadHangs) {
 #if UCM_HAVE_URING
-  run("direct", "uring", 1);
+  run("direct", "uring", 2, false, 1);
 #else
   GTEST_SKIP() << "built without io_uring";
 #endif
@@ -269,10 +306,29 @@ TEST_F(PartlyHungFs, TheRingGivesItsLoadsToTheThreadsWhenItsThreadHangs) {
 
 // Through the page cache, io_uring hands the hung reads to its own workers:
 // the ring's thread goes on, and takes the next load into the room made
-// beside them.
+// beside them, also when the room is made before the load comes (the ring's
+// thread then waits with every place taken, and must be woken for it).
 TEST_F(PartlyHungFs, TheRingLoadsBesideTwoHungReadsInItsWorkers) {
 #if UCM_HAVE_URING
-  run("page", "uring", 0);
+  run("page", "uring", 2, false, 0);
+#else
+  GTEST_SKIP() << "built without io_uring";
+#endif
+}
+
+TEST_F(PartlyHungFs, TheRingIsWokenForRoomMadeBeforeTheNextLoad) {
+#if UCM_HAVE_URING
+  run("page", "uring", 2, true, 0);
+#else
+  GTEST_SKIP() << "built without io_uring";
+#endif
+}
+
+// Eight hung reads at depth 8: past the kernel's default of io-wq workers
+// for one thread on a small node (4 per CPU), so the ring raises it.
+TEST_F(PartlyHungFs, TheRingLoadsBesideEightHungReadsInItsWorkers) {
+#if UCM_HAVE_URING
+  run("page", "uring", 8, true, 0);
 #else
   GTEST_SKIP() << "built without io_uring";
 #endif

@@ -29,6 +29,8 @@ struct QueueParts {
   uint32_t shards_per_block = 1;
   uint32_t store_latency_us = 0;       // the sim store's
   uint64_t store_hang_ms = 0;          // the sim store's hang_ms (0: a hung load ends at its destruction)
+  bool store_hang_dumps = false;       // the sim store's hang_dumps
+  uint32_t store_max_inflight = 0;     // the sim store's max_inflight (0: its default)
   CacheOptions cache;                  // rank is set from `rank`
   QueueOptions queue = no_prealloc();  // local_rank is set from `rank`
   std::unique_ptr<CopyEngine> engine;  // null: the host engine of `rank`
@@ -75,6 +77,8 @@ struct QueuePath {
     SimOptions so;
     so.latency_us = p.store_latency_us;
     so.hang_ms = p.store_hang_ms;
+    so.hang_dumps = p.store_hang_dumps;
+    if (p.store_max_inflight != 0) so.max_inflight = p.store_max_inflight;
     BackendContext ctx;
     ctx.shard_bytes = p.shard_bytes;
     ctx.shards_per_block = p.shards_per_block;

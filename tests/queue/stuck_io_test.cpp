@@ -39,8 +39,7 @@ struct OneKey {
 // A queue alone over 16 slots (or `slots`) with io_depth places, whose sim store never
 // answers the loads of the keys hung (until it is destroyed).
 struct StuckStore : test::QueuePath {
-  void open(uint32_t depth, uint64_t stuck_ns, uint32_t slots = 16) {
-    test::QueueParts parts;
+  void open(uint32_t depth, uint64_t stuck_ns, uint32_t slots = 16, test::QueueParts parts = {}) {
     parts.shard_bytes = kShard;
     parts.queue.io_depth = depth;
     parts.queue.io_stuck_ns = stuck_ns;
@@ -143,6 +142,57 @@ TEST(StuckIo, ATaskQueuedBehindAWaitForSpaceFailsAtItsOwnDeadline) {
   EXPECT_EQ(d.task->result(), Result::kTimeout) << d.task->error();
   EXPECT_NE(d.task->error().find("behind an earlier task waiting for a free cache slot"), std::string::npos)
       << d.task->error();
+}
+
+// The store is told: a sim store that admits 2 requests at once, both held
+// by hung loads, queues a third load behind them until the queue counts them
+// stuck and says so (Backend::requests_stuck); it then admits it beside them.
+TEST(StuckIo, TheStoreIsToldAndMakesRoomBesideTheStuckLoads) {
+  StuckStore p;
+  test::QueueParts parts;
+  parts.store_max_inflight = 2;
+  ASSERT_NO_FATAL_FAILURE(p.open(4, 100'000'000, 16, std::move(parts)));
+  auto h1 = p.hang(95001, kWaitMs);
+  auto h2 = p.hang(95002, kWaitMs);
+  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the hung loads never went to the store";
+  const Key k = test::key(95003, 0);
+  OneKey b(3, k, kWaitMs);
+  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
+  ASSERT_TRUE(b.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_FALSE(h1->task->done()) << "the hung task ended first";
+  EXPECT_EQ(b.task->result(), Result::kOk) << b.task->error();
+  EXPECT_EQ(sim_verify(k, b.dst.data(), kShard), kShard);
+  EXPECT_GE(p.store->inflight_limit(), 4u) << "the store was not told of both stuck loads";
+}
+
+// A stuck load that the store then answers (650 ms late, before its
+// deadline) lands as any load does, and gives back its stuck count; a dump's
+// write-through the same. Nothing is counted in flight after them.
+TEST(StuckIo, AStuckLoadOrWriteThatLandsEndsAsAnyOther) {
+  StuckStore p;
+  test::QueueParts parts;
+  parts.store_hang_ms = 650;
+  parts.store_hang_dumps = true;
+  ASSERT_NO_FATAL_FAILURE(p.open(1, 100'000'000, 16, std::move(parts)));
+  auto h = p.hang(96001, kWaitMs);
+  ASSERT_TRUE(h->task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(h->task->result(), Result::kOk) << h->task->error();
+  EXPECT_EQ(sim_verify(test::key(96001, 0), h->dst.data(), kShard), kShard);
+  std::vector<uint8_t> src(kShard);
+  const Key d = test::key(96002, 0);
+  sim_fill(d, src.data(), kShard);
+  p.store->hang_key(d);
+  std::vector<TaskEntry> es(1);
+  es[0].key = d;
+  es[0].src = src.data();
+  auto dump = std::make_shared<Task>(2, TaskKind::kDump, std::move(es), deadline_after_ms(kWaitMs));
+  ASSERT_EQ(p.queue->submit(dump), Result::kOk) << last_error();
+  ASSERT_TRUE(dump->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(dump->result(), Result::kOk) << dump->error();
+  EXPECT_TRUE(test::eventually("nothing left in flight", [&] { return p.queue->io_in_flight() == 0; }));
+  EXPECT_EQ(p.queue->io_stuck(), 0u);
+  EXPECT_EQ(p.queue->late_completions(), 0u);
+  EXPECT_GE(p.store->inflight_limit(), 66u) << "the store was not told of the stuck load and write";
 }
 
 }  // namespace
