@@ -423,7 +423,7 @@ void PosixBackend::log_occupancy() {
               "posix store at %s: %" PRIu64 " loads on %u I/O %s, %.2f in flight on average as one started, %" PRIu64
               " at full depth, %" PRIu64 " leaving nothing queued, %" PRIu64 " dry spells (nothing queued or in flight), "
               "%.1f system calls per load, %" PRIu64 " fixed reads (into registered buffers)",
-              opts_.dir.c_str(), o.loads, opts_.depth, ring_ ? "slots of one io_uring" : "threads",
+              opts_.dir.c_str(), o.loads, opts_.depth, std::strcmp(load_engine(), "uring") == 0 ? "slots of one io_uring" : "threads",
               double(o.busy_sum) / double(o.loads), o.at_full_depth, o.queue_empty, o.dry_spells,
               double(o.syscalls) / double(o.loads), o.fixed_reads);
 }
