@@ -25,21 +25,12 @@
 namespace ucm {
 namespace {
 
+using test::OneKey;
+
 constexpr uint64_t kShard = 4096;
 constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
 constexpr uint64_t kFirstMs = 300;   // the first task's deadline: its load expires then
 constexpr uint64_t kHangMs = 3000;   // the store returns each load of the hung key this late
-
-struct OneKey {
-  std::vector<uint8_t> dst = std::vector<uint8_t>(kShard, 0xee);
-  std::shared_ptr<Task> task;
-  OneKey(uint64_t id, const Key& k, uint64_t ms) {
-    std::vector<TaskEntry> es(1);
-    es[0].key = k;
-    es[0].dst = dst.data();
-    task = std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(ms));
-  }
-};
 
 uint32_t slots_pinned(const test::QueuePath& p) {
   uint32_t n = 0;

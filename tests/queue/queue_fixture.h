@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -40,6 +41,18 @@ struct QueueParts {
     QueueOptions q;
     q.prealloc = false;
     return q;
+  }
+};
+
+// A load task of one entry, its destination filled with 0xee.
+struct OneKey {
+  std::vector<uint8_t> dst;
+  std::shared_ptr<Task> task;
+  OneKey(uint64_t id, const Key& k, uint64_t ms, uint64_t shard_bytes = 4096) : dst(shard_bytes, 0xee) {
+    std::vector<TaskEntry> es(1);
+    es[0].key = k;
+    es[0].dst = dst.data();
+    task = std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(ms));
   }
 };
 

@@ -22,19 +22,10 @@
 namespace ucm {
 namespace {
 
+using test::OneKey;
+
 constexpr uint64_t kShard = 4096;
 constexpr uint64_t kWaitMs = 20000;  // a hang, not slowness
-
-struct OneKey {
-  std::vector<uint8_t> dst = std::vector<uint8_t>(kShard, 0xee);
-  std::shared_ptr<Task> task;
-  OneKey(uint64_t id, const Key& k, uint64_t ms) {
-    std::vector<TaskEntry> es(1);
-    es[0].key = k;
-    es[0].dst = dst.data();
-    task = std::make_shared<Task>(id, TaskKind::kLoad, std::move(es), deadline_after_ms(ms));
-  }
-};
 
 // A queue alone over 16 slots (or `slots`) with io_depth places, whose sim store never
 // answers the loads of the keys hung (until it is destroyed).
@@ -53,6 +44,13 @@ struct StuckStore : test::QueuePath {
     auto t = std::make_unique<OneKey>(block, k, ms);
     EXPECT_EQ(queue->submit(t->task), Result::kOk) << last_error();
     return t;
+  }
+  // io_depth 1, stuck after 100 ms: blocks first..first+2 hung, the first
+  // stuck, the second sent past it and holding the place, the third waiting.
+  void three_hung_at_depth_one(uint64_t first, std::vector<std::unique_ptr<OneKey>>* hung) {
+    ASSERT_NO_FATAL_FAILURE(open(1, 100'000'000));
+    for (uint64_t b = first; b < first + 3; ++b) hung->push_back(hang(b, kWaitMs));
+    ASSERT_TRUE(sent(2, kWaitMs)) << "the second hung load was never sent past the first";
   }
   bool sent(uint64_t loads, uint64_t ms) {
     const uint64_t until = deadline_after_ms(ms);
@@ -90,11 +88,8 @@ TEST(StuckIo, ATaskOfOtherKeysIsNotHeldBehindLoadsThatHang) {
 // deadlines.
 TEST(StuckIo, NoMoreThanTwiceTheDepthGoToTheStore) {
   StuckStore p;
-  ASSERT_NO_FATAL_FAILURE(p.open(1, 100'000'000));
-  auto h1 = p.hang(92001, kWaitMs);
-  auto h2 = p.hang(92002, kWaitMs);
-  auto h3 = p.hang(92003, kWaitMs);
-  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the second hung load was never sent past the first";
+  std::vector<std::unique_ptr<OneKey>> hung;
+  ASSERT_NO_FATAL_FAILURE(p.three_hung_at_depth_one(92001, &hung));
   usleep(600'000);  // six times io_stuck_ns: time enough for more to be sent, were they allowed
   EXPECT_EQ(p.ctr().backend_loads.load(), 2u);
   EXPECT_EQ(p.queue->io_in_flight(), 2u);
@@ -107,16 +102,13 @@ TEST(StuckIo, NoMoreThanTwiceTheDepthGoToTheStore) {
 // the hung task's end says so, not a clock.
 TEST(StuckIo, ATaskQueuedBehindAWaitForAPlaceFailsAtItsOwnDeadline) {
   StuckStore p;
-  ASSERT_NO_FATAL_FAILURE(p.open(1, 100'000'000));
-  auto h1 = p.hang(93001, kWaitMs);
-  auto h2 = p.hang(93002, kWaitMs);
-  auto h3 = p.hang(93003, kWaitMs);
-  ASSERT_TRUE(p.sent(2, kWaitMs)) << "the second hung load was never sent past the first";
+  std::vector<std::unique_ptr<OneKey>> hung;
+  ASSERT_NO_FATAL_FAILURE(p.three_hung_at_depth_one(93001, &hung));
   const Key k = test::key(93004, 0);
   OneKey d(4, k, 300);
   ASSERT_EQ(p.queue->submit(d.task), Result::kOk) << last_error();
   ASSERT_TRUE(d.task->wait_until(deadline_after_ms(kWaitMs)));
-  EXPECT_FALSE(h3->task->done()) << "the task the dispatcher waited in ended first";
+  EXPECT_FALSE(hung[2]->task->done()) << "the task the dispatcher waited in ended first";
   EXPECT_EQ(d.task->result(), Result::kTimeout) << d.task->error();
   EXPECT_NE(d.task->error().find("waited in rank 0's queue, behind an earlier task waiting for an I/O place"),
             std::string::npos)
