@@ -116,6 +116,15 @@ class Backend {
     (void)loads;
     (void)dumps;
   }
+  // The caller gives up on req (its deadline passed). A store that has not
+  // started it takes it back: true, and done() is never called for it (the
+  // caller ends it). false: it runs or ran, and done() comes as always. The
+  // caller makes sure req is alive (not yet past its done()); the store never
+  // calls done() from here. Never blocks.
+  [[nodiscard]] virtual bool cancel(IoRequest* req) {
+    (void)req;
+    return false;
+  }
 };
 
 // Builds the store named by `spec`. Errors name the bad part of the spec.

@@ -168,6 +168,9 @@ Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
       if ((u & 0600) != 0600)
         return fail(Result::kInvalidArg, "backend option file_mode=%s lacks owner read and write (0600)", v.c_str());
       o->file_mode = static_cast<uint32_t>(u);
+    } else if (k == "spare") {
+      UCM_CHECK(spec_u64(k, v, 0, 4096, &u));
+      o->spare = static_cast<uint32_t>(u);
     } else if (k == "engine") {
       if (v == "auto") o->engine = LoadEngine::kAuto;
       else if (v == "threads") o->engine = LoadEngine::kThreads;
@@ -181,8 +184,14 @@ Result PosixBackend::parse_options(const Spec& spec, PosixOptions* o) {
 }
 
 PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd)
-    : opts_(o), ctx_(ctx), dir_fd_(dir_fd), euid_(geteuid()) {
+    : opts_(o),
+      ctx_(ctx),
+      dir_fd_(dir_fd),
+      euid_(geteuid()),
+      spare_(o.spare == UINT32_MAX ? std::min(8 * o.depth, 4096u) : o.spare) {
   index_off_ = (uint64_t{ctx.shards_per_block} * ctx.shard_bytes + 4095) / 4096 * 4096;
+  busy_since_.assign(o.depth + spare_, 0);
+  busy_block_.assign(o.depth + spare_, BlockId{});
 }
 
 namespace {
@@ -375,11 +384,11 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
   // init, unpinned); spares made later from pinned threads take it too.
   CPU_ZERO(&b->affinity_);
   b->has_affinity_ = sched_getaffinity(0, sizeof(b->affinity_), &b->affinity_) == 0;
-  for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get()] { p->worker(); });
+  for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get(), i] { p->worker(i); });
   UCM_NODE_INFO(kBackend,
-                "store: posix at %s: %u I/O threads, loads on %s, O_DIRECT %s (alignment: memory %u, offset %u), "
-                "sync %s, files 0%o",
-                o.dir.c_str(), o.depth, b->load_engine(), direct.ok ? "available" : "not available", direct.mem_align,
+                "store: posix at %s: %u I/O threads (%u more at most beside requests the file system holds), loads on "
+                "%s, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
+                o.dir.c_str(), o.depth, b->spare_, b->load_engine(), direct.ok ? "available" : "not available", direct.mem_align,
                 direct.off_align, o.sync ? "on" : "off", o.file_mode);
   *out = std::move(b);
   return Result::kOk;
@@ -510,48 +519,87 @@ void PosixBackend::load(IoRequest* req) {
 void PosixBackend::dump(IoRequest* req) { submit(req, false); }
 
 void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
-  uint32_t n = loads + dumps;
+  (void)dumps;  // the threads look for themselves (rebalance_locked); this call says when to look
   std::deque<IoRequest*> handed;
 #if UCM_HAVE_URING
-  if (loads > 0 && ring_ && !ring_->given_up()) {  // the loads run there; dumps still run on the threads
-    handed = ring_->requests_stuck(loads);
-    if (!ring_->given_up()) n = dumps;  // else its thread is stuck: its queued loads, and the next ones, come here
-  } else if (ring_ && !ring_->given_up()) {
-    n = dumps;
-  }
+  if (loads > 0 && ring_ && !ring_->given_up()) handed = ring_->requests_stuck(loads);  // else its thread is stuck
 #endif
-  bool refused = false;
+  std::deque<std::pair<IoRequest*, bool>> refused;
+  size_t held = 0;
+  bool stopped = false;
   {
     std::lock_guard<std::mutex> g(mu_);
-    refused = stopping_;  // shutdown() took queue_ already: these get their completion below
-    if (!refused)
+    stopped = stopping_;  // shutdown() took queue_ already: these get their completion below
+    if (!stopped)
       for (IoRequest* req : handed) queue_.emplace_back(req, true);
-    // Never after shutdown began: it joins or detaches threads_ unlocked.
-    const size_t before = threads_.size();
-    while (n > 0 && !stopping_ && threads_.size() < size_t{2} * opts_.depth && add_spare_locked()) --n;
-    if (threads_.size() > before)
-      UCM_INFO(kBackend, "posix store at %s: requests stuck in the store; %zu I/O threads now (depth %u, at most %u)",
-               opts_.dir.c_str(), threads_.size(), opts_.depth, 2 * opts_.depth);
+    held = rebalance_locked(&refused);
   }
-  if (refused) {
+  if (stopped)
     for (IoRequest* req : handed) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
-    return;
-  }
+  refuse(&refused, held);
   if (!handed.empty()) cv_.notify_all();
+}
+
+// Every request held in the kernel for kHeldNs holds its thread, maybe for
+// good (a dead server): while requests wait, the store keeps `depth` threads
+// that are not held, adding up to spare_ threads in its life (they stay: a
+// held thread that returns serves again). With every thread held and no
+// more to add, nothing queued can start: it fails now (*refused) rather than
+// at its caller's deadline, naming why.
+size_t PosixBackend::rebalance_locked(std::deque<std::pair<IoRequest*, bool>>* refused) {
+  if (stopping_ || queue_.empty()) return 0;
+  const uint64_t now = now_ns();
+  size_t held = 0;
+  for (size_t i = 0; i < threads_.size(); ++i) held += busy_since_[i] != 0 && now - busy_since_[i] >= kHeldNs ? 1 : 0;
+  const size_t before = threads_.size();
+  while (threads_.size() - held < opts_.depth && threads_.size() < busy_since_.size() && add_spare_locked()) {
+  }
+  if (threads_.size() > before)
+    UCM_INFO(kBackend, "posix store at %s: %zu I/O threads held in the kernel; %zu threads now (depth %u, at most %zu)",
+             opts_.dir.c_str(), held, threads_.size(), opts_.depth, busy_since_.size());
+  if (held < threads_.size()) return 0;
+  refused->swap(queue_);
+  return held;
+}
+
+void PosixBackend::refuse(std::deque<std::pair<IoRequest*, bool>>* refused, size_t held) {
+  if (refused->empty()) return;
+  UCM_WARN("posix store at %s: all %zu I/O threads are held in the kernel (each for over %llu ms) by requests the file "
+           "system does not return (a server down?); %zu queued request(s) fail",
+           opts_.dir.c_str(), held, static_cast<unsigned long long>(kHeldNs / 1'000'000), refused->size());
+  for (auto& [req, is_load] : *refused) {
+    complete_with(req, Result::kBackend,
+                  "posix store at %s: all %zu I/O threads are held in the kernel by requests the file system does not "
+                  "return (a server down?); this %s was not started",
+                  opts_.dir.c_str(), held, is_load ? "load" : "dump");
+  }
+  refused->clear();
 }
 
 bool PosixBackend::add_spare_locked() {
   // The caller is the queue's dispatcher or copier, pinned to its core
   // (topo/): a spare runs where the store's first threads do instead.
+  const auto idx = static_cast<uint32_t>(threads_.size());
   try {
-    threads_.emplace_back([this] {
+    threads_.emplace_back([this, idx] {
       if (has_affinity_) (void)sched_setaffinity(0, sizeof(affinity_), &affinity_);
-      worker();
+      worker(idx);
     });
   } catch (const std::system_error& e) {  // EAGAIN: a limit on threads (RLIMIT_NPROC, a pids cgroup)
-    UCM_WARN("posix store at %s: no spare I/O thread beside stuck requests: %s", opts_.dir.c_str(), e.what());
+    UCM_WARN("posix store at %s: no spare I/O thread beside held requests: %s", opts_.dir.c_str(), e.what());
     return false;
   }
+  return true;
+}
+
+bool PosixBackend::cancel(IoRequest* req) {
+#if UCM_HAVE_URING
+  if (ring_ && ring_->cancel(req)) return true;
+#endif
+  std::lock_guard<std::mutex> g(mu_);
+  const auto at = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return q.first == req; });
+  if (at == queue_.end()) return false;
+  queue_.erase(at);
   return true;
 }
 
@@ -562,10 +610,14 @@ uint32_t PosixBackend::io_threads() {
 
 void PosixBackend::submit(IoRequest* req, bool is_load) {
   if (reject_malformed(req, ctx_, is_load, "posix", &counters_)) return;
+  std::deque<std::pair<IoRequest*, bool>> refused;
+  size_t held = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
     queue_.emplace_back(req, is_load);
+    if (in_request_ >= threads_.size()) held = rebalance_locked(&refused);  // no thread idle: are some held for good?
   }
+  refuse(&refused, held);
   cv_.notify_one();
 }
 
@@ -577,11 +629,22 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
   return o;
 }
 
-void PosixBackend::worker() {
+// A request for a block file of which another thread's request has been held
+// in the kernel for kHeldNs is not started: the file's server is likely down,
+// and a second read would hold a second thread as long (the queue asks again
+// for each shard of the block, and for each of its retries).
+bool PosixBackend::file_held_locked(const BlockId& b, uint64_t now) const {
+  for (size_t i = 0; i < threads_.size(); ++i)
+    if (busy_since_[i] != 0 && now - busy_since_[i] >= kHeldNs && busy_block_[i] == b) return true;
+  return false;
+}
+
+void PosixBackend::worker(uint32_t idx) {
   name_this_thread("posix");
   for (;;) {
     std::pair<IoRequest*, bool> item;
     bool nothing_queued = false;
+    bool refused = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
@@ -590,24 +653,23 @@ void PosixBackend::worker() {
       queue_.pop_front();
       ++in_request_;
       nothing_queued = queue_.empty();
-      if (item.second) note_load_start_locked(nothing_queued);
-    }
-    if (item.second) {
-      UCM_TRACE(TraceRange::kBackendLoad);
-      counters_.load_started();  // in flight = on an I/O thread, not queued
-      const uint64_t calls0 = t_syscalls;
-      do_load(item.first);
-      load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
-      counters_.load_finished(*item.first);
-      {
-        // Before done(): whoever the completion wakes sees this load ended.
-        std::lock_guard<std::mutex> g(mu_);
-        note_load_end_locked(queue_.empty());
+      const uint64_t now = now_ns();
+      refused = file_held_locked(item.first->key.block, now);
+      if (!refused) {
+        busy_since_[idx] = now;
+        busy_block_[idx] = item.first->key.block;
+        if (item.second) note_load_start_locked(nothing_queued);
       }
+    }
+    if (refused) {
+      counters_.rejected(item.second);
+      std::snprintf(item.first->error, sizeof(item.first->error),
+                    "posix store: %s: another request of this block file has been held in the kernel for over %llu ms "
+                    "(its server down?); not started",
+                    block_path(item.first->key.block).c_str(), static_cast<unsigned long long>(kHeldNs / 1'000'000));
+      item.first->result = Result::kBackend;
     } else {
-      UCM_TRACE(TraceRange::kBackendDump);
-      do_dump(item.first);
-      counters_.dump_finished(*item.first);
+      run_request(item.first, item.second);
     }
     std::shared_lock<std::shared_mutex> g(buf_mu_);
     // Left behind by shutdown(): whoever gave us the request is gone.
@@ -615,10 +677,29 @@ void PosixBackend::worker() {
     item.first->done(item.first);
     std::lock_guard<std::mutex> lk(mu_);
     --in_request_;
+    busy_since_[idx] = 0;
   }
   std::lock_guard<std::mutex> g(mu_);
   ++exited_;
   exit_cv_.notify_all();
+}
+
+void PosixBackend::run_request(IoRequest* req, bool is_load) {
+  if (is_load) {
+    UCM_TRACE(TraceRange::kBackendLoad);
+    counters_.load_started();  // in flight = on an I/O thread, not queued
+    const uint64_t calls0 = t_syscalls;
+    do_load(req);
+    load_syscalls_.fetch_add(t_syscalls - calls0, std::memory_order_relaxed);
+    counters_.load_finished(*req);
+    // Before done(): whoever the completion wakes sees this load ended.
+    std::lock_guard<std::mutex> g(mu_);
+    note_load_end_locked(queue_.empty());
+  } else {
+    UCM_TRACE(TraceRange::kBackendDump);
+    do_dump(req);
+    counters_.dump_finished(*req);
+  }
 }
 
 bool PosixBackend::loads_read_direct() const {

@@ -43,7 +43,9 @@
 // would be read from the disk beside the loads, into pages no load reads.
 //
 // Spec: posix:/path[,depth=8][,direct=auto|on|off][,sync=0|1][,file_mode=0600]
-//                   [,engine=auto|threads|uring]
+//                   [,engine=auto|threads|uring][,spare=8*depth]
+//   spare: at most this many I/O threads (or ring places) more than depth,
+//   added beside requests held in the kernel (below).
 //   sync=1 fdatasync()s the shard before writing its header (durable dumps).
 //   file_mode: octal permission bits of the block files, at least 0600; the
 //   store sets them exactly (umask aside) on every file it writes.
@@ -83,6 +85,10 @@ struct PosixOptions {
   bool sync = false;
   uint32_t file_mode = 0600;
   LoadEngine engine = LoadEngine::kAuto;
+  // Threads (engine=threads) or ring places (engine=uring) the store adds, at
+  // most, beside requests the file system has held for kHeldNs (a dead
+  // server's files); UINT32_MAX: 8 x depth.
+  uint32_t spare = UINT32_MAX;
   // Not in the spec: the direct-I/O alignment to assume instead of what the
   // kernel reports (0: ask the kernel). Lets a test make the kernel refuse a
   // direct transfer the store believes aligned, the case the fallback is for.
@@ -126,11 +132,16 @@ class PosixBackend final : public Backend {
   // (backend.h). From then on a thread that returns touches the request's
   // buffer in user space, or calls done(), only if it is not abandoned.
   uint32_t shutdown(uint64_t deadline_ns) override;
-  // One more I/O thread for each request on the threads (the dumps, and on
-  // engine=threads the loads), one more read in the kernel for each load on
-  // engine=uring; at most `depth` more of each in the store's life (a spare
-  // thread stays until shutdown).
+  // A caller's word that some requests are stuck: the store looks at its
+  // threads (and ring) now. While requests wait, it keeps `depth` threads
+  // (ring places) that are not held in the kernel, adding up to `spare` in
+  // its life (a spare thread stays until shutdown).
   void requests_stuck(uint32_t loads, uint32_t dumps) override;
+  // Takes back a request still queued (for the threads, or for the ring).
+  [[nodiscard]] bool cancel(IoRequest* req) override;
+  // How long a request is in the kernel before it counts as held there (its
+  // thread, or its place in the ring, is replaced while others wait).
+  static constexpr uint64_t kHeldNs = 200'000'000;
   // The I/O threads the store runs now (depth, and the spares).
   uint32_t io_threads();
 
@@ -166,7 +177,11 @@ class PosixBackend final : public Backend {
   friend class PosixRing;
   PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd);
   void submit(IoRequest* req, bool is_load);
-  void worker();
+  void worker(uint32_t idx);
+  // A request on an I/O thread, up to its done().
+  void run_request(IoRequest* req, bool is_load);
+  // Whether a thread's request of block b's file is held in the kernel (under mu_).
+  bool file_held_locked(const BlockId& b, uint64_t now) const;
   void do_load(IoRequest* req);
   // A load in two halves around the shard's read (both engines): open the
   // file and check its header (false: req is finished, with its error), then
@@ -187,6 +202,11 @@ class PosixBackend final : public Backend {
   // One more I/O thread (under mu_, not stopping); false when the system
   // would not start one (warned).
   bool add_spare_locked();
+  // Adds threads beside held ones, or takes what cannot start into *refused
+  // and returns how many threads are held (under mu_); refuse() completes
+  // those (unlocked).
+  size_t rebalance_locked(std::deque<std::pair<IoRequest*, bool>>* refused);
+  void refuse(std::deque<std::pair<IoRequest*, bool>>* refused, size_t held);
   void do_dump(IoRequest* req);
   bool aligned_for_direct(const IoRequest* req) const;
   Result open_block(const Key& k, bool for_dump, int* fd, char* err, size_t err_len) const;
@@ -218,6 +238,9 @@ class PosixBackend final : public Backend {
   std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
+  const uint32_t spare_;                 // threads (ring places) beyond depth, at most
+  std::vector<uint64_t> busy_since_;     // under mu_: per thread, when its request began (0: idle); depth + spare_
+  std::vector<BlockId> busy_block_;      // under mu_: per thread, its request's block (while busy_since_ != 0)
   cpu_set_t affinity_;          // where the I/O threads run (create()'s thread's CPUs)
   bool has_affinity_ = false;
   struct RingDeleter {

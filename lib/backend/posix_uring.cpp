@@ -171,6 +171,14 @@ std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
   return handed;
 }
 
+bool PosixRing::cancel(IoRequest* req) {
+  std::lock_guard<std::mutex> g(mu_);
+  const auto at = std::find(queue_.begin(), queue_.end(), req);
+  if (at == queue_.end()) return false;
+  queue_.erase(at);
+  return true;
+}
+
 void PosixRing::stop() {
   std::deque<IoRequest*> queued;
   {

@@ -71,6 +71,8 @@ class PosixRing {
   // no more loads (given_up) and returns the queued ones, for the store's
   // threads. For good: the store's loads stay on the threads.
   std::deque<IoRequest*> requests_stuck(uint32_t n);
+  // Takes back a load still queued here (PosixBackend::cancel).
+  bool cancel(IoRequest* req);
   // No load is to be submitted here any more: its thread was found stuck.
   bool given_up() const { return given_up_.load(std::memory_order_acquire); }
   static constexpr uint64_t kStuckThreadNs = 200'000'000;

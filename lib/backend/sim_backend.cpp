@@ -317,6 +317,14 @@ void SimBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
   }
 }
 
+bool SimBackend::cancel(IoRequest* req) {
+  std::lock_guard<std::mutex> g(mu_);
+  const auto at = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w.first == req; });
+  if (at == waiting_.end()) return false;
+  waiting_.erase(at);
+  return true;
+}
+
 void SimBackend::finish(IoRequest* req, bool is_load) {
   if (is_load) counters_.load_finished(*req);
   else counters_.dump_finished(*req);

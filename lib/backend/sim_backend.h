@@ -79,6 +79,13 @@ class SimBackend final : public Backend {
   [[nodiscard]] Result exists(const Key& k, bool* out) override;
   BackendCounters counters() const override { return counters_.snapshot(); }
   void requests_stuck(uint32_t loads, uint32_t dumps) override;
+  // Takes back a request waiting for admission (over max_inflight).
+  [[nodiscard]] bool cancel(IoRequest* req) override;
+  // Requests waiting for admission now.
+  size_t waiting() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return waiting_.size();
+  }
   // Requests that may be admitted at once now (max_inflight, and the room
   // made beside stuck ones).
   uint32_t inflight_limit() const {

@@ -695,6 +695,7 @@ void LoadQueue::track_io(Io* io) {
 
 uint64_t LoadQueue::expire_due_ios() {
   std::vector<Expired> due;
+  std::vector<Io*> taken_back;  // the store had not started them: ours to end
   uint64_t next = kNoDeadline;
   const uint64_t now = now_ns();
   uint32_t newly_stuck_loads = 0, newly_stuck_writes = 0;
@@ -714,12 +715,19 @@ uint64_t LoadQueue::expire_due_ios() {
         continue;
       }
       // From here the store's completion only drops the I/O's pin; the Io
-      // may be freed by it at any moment, so copy what we need now.
+      // may be freed by it at any moment, so copy what we need now. Alive
+      // until then: its completion's untrack_io waits for io_mu_, so the
+      // store may be asked to take it back (never started: no thread or
+      // ring place of the store's is spent on a load nobody waits for).
       io->expired = true;
-      note_overdue(io, true);
       expired_ios_.fetch_add(1, std::memory_order_relaxed);
       due.push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
-      if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
+      if (backend_->cancel(&io->req)) {
+        taken_back.push_back(io);
+      } else {
+        note_overdue(io, true);
+        if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
+      }
       live_ios_[k] = live_ios_.back();
       live_ios_.pop_back();
       --(io->stuck ? io_stuck_ : io_inflight_);
@@ -732,6 +740,11 @@ uint64_t LoadQueue::expire_due_ios() {
   // The store makes room beside them too.
   if (newly_stuck_loads + newly_stuck_writes > 0) backend_->requests_stuck(newly_stuck_loads, newly_stuck_writes);
   for (const Expired& x : due) end_expired(x);
+  for (Io* io : taken_back) {  // after end_expired: the I/O's pin kept the slot keyed to it until then
+    cache_->release(io->slot);
+    cancelled_ios_.fetch_add(1, std::memory_order_relaxed);
+    delete io;
+  }
   return next;
 }
 

@@ -159,8 +159,10 @@ class LoadQueue {
   uint64_t io_stuck() const;
   // Store completions that came after their I/O had expired (and were dropped).
   uint64_t late_completions() const { return late_completions_.load(std::memory_order_acquire); }
-  // I/Os that passed their deadline in flight (each ends in one late completion).
+  // I/Os that passed their deadline in flight (each ends in one late
+  // completion, or was taken back by the store unstarted: cancelled_ios).
   uint64_t expired_ios() const { return expired_ios_.load(std::memory_order_relaxed); }
+  uint64_t cancelled_ios() const { return cancelled_ios_.load(std::memory_order_relaxed); }
   // Hand-offs of dispatched entries to the copier (each one lock and one wake).
   uint64_t handoffs() const { return handoffs_.load(std::memory_order_relaxed); }
   // Tasks that went to the dispatcher (not the inline path).
@@ -475,6 +477,7 @@ class LoadQueue {
   static constexpr uint32_t kStuckLoadsMax = 2;
   std::atomic<uint64_t> late_completions_{0};
   std::atomic<uint64_t> expired_ios_{0};
+  std::atomic<uint64_t> cancelled_ios_{0};
   std::atomic<bool> copier_asleep_{false};  // on the doorbell: new items ring it
   // The copier holds an unsent entry and found no depth (under io_mu_): a
   // completion that gives depth back rings the doorbell it sleeps on, and

@@ -187,5 +187,31 @@ TEST(StuckIo, AStuckLoadOrWriteThatLandsEndsAsAnyOther) {
   EXPECT_GE(p.store->inflight_limit(), 66u) << "the store was not told of the stuck load and write";
 }
 
+// A load the store has not started when its deadline passes is taken back
+// (Backend::cancel): it never holds a thread or a place of the store's for
+// a task nobody waits for. Here it waits for admission behind a hung load
+// (the sim store admits one at a time).
+TEST(StuckIo, TheStoreTakesBackAnExpiredLoadItHasNotStarted) {
+  StuckStore p;
+  test::QueueParts parts;
+  parts.store_max_inflight = 1;
+  ASSERT_NO_FATAL_FAILURE(p.open(4, QueueOptions{}.io_stuck_ns, 16, std::move(parts)));
+  auto h = p.hang(97001, kWaitMs);
+  ASSERT_TRUE(p.sent(1, kWaitMs)) << "the hung load never went to the store";
+  OneKey b(2, test::key(97002, 0), 200);  // past its deadline before its load counts as stuck (250 ms)
+  ASSERT_EQ(p.queue->submit(b.task), Result::kOk) << last_error();
+  ASSERT_TRUE(b.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(b.task->result(), Result::kTimeout) << b.task->error();
+  EXPECT_EQ(p.queue->cancelled_ios(), 1u);
+  EXPECT_EQ(p.store->waiting(), 0u) << "the expired load still waits in the store";
+  EXPECT_EQ(p.queue->io_in_flight(), 1u);  // the hung one
+  // Its slot is free again: the key loads once the store admits it.
+  OneKey c(3, test::key(97002, 0), kWaitMs);
+  ASSERT_EQ(p.queue->submit(c.task), Result::kOk) << last_error();
+  ASSERT_TRUE(c.task->wait_until(deadline_after_ms(kWaitMs)));
+  EXPECT_EQ(c.task->result(), Result::kOk) << c.task->error();
+  EXPECT_EQ(sim_verify(test::key(97002, 0), c.dst.data(), kShard), kShard);
+}
+
 }  // namespace
 }  // namespace ucm
