@@ -385,6 +385,7 @@ Result PosixBackend::create(const PosixOptions& o, const BackendContext& ctx, st
   CPU_ZERO(&b->affinity_);
   b->has_affinity_ = sched_getaffinity(0, sizeof(b->affinity_), &b->affinity_) == 0;
   for (uint32_t i = 0; i < o.depth; ++i) b->threads_.emplace_back([p = b.get(), i] { p->worker(i); });
+  b->watcher_ = std::thread([p = b.get()] { p->watch(); });
   UCM_NODE_INFO(kBackend,
                 "store: posix at %s: %u I/O threads (%u more at most beside requests the file system holds), loads on "
                 "%s, O_DIRECT %s (alignment: memory %u, offset %u), sync %s, files 0%o",
@@ -400,7 +401,7 @@ Result PosixBackend::start_ring() {
   if (opts_.engine == LoadEngine::kThreads) return Result::kOk;
 #if UCM_HAVE_URING
   std::unique_ptr<PosixRing> r;
-  const Result res = PosixRing::create(this, opts_.depth, &r);
+  const Result res = PosixRing::create(this, opts_.depth, spare_, &r);
   if (res == Result::kOk) {
     ring_.reset(r.release());
     return Result::kOk;
@@ -463,6 +464,8 @@ uint32_t PosixBackend::shutdown(uint64_t deadline_ns) {
     queued.swap(queue_);
   }
   cv_.notify_all();
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();  // it waits on nothing but mu_
 #if UCM_HAVE_URING
   if (ring_) ring_->stop();  // its queued requests are completed too
 #endif
@@ -522,7 +525,7 @@ void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
   (void)dumps;  // the threads look for themselves (rebalance_locked); this call says when to look
   std::deque<IoRequest*> handed;
 #if UCM_HAVE_URING
-  if (loads > 0 && ring_ && !ring_->given_up()) handed = ring_->requests_stuck(loads);  // else its thread is stuck
+  if (loads > 0 && ring_ && !ring_->given_up()) handed = ring_->requests_stuck();  // else its thread is stuck
 #endif
   std::deque<std::pair<IoRequest*, bool>> refused;
   size_t held = 0;
@@ -550,7 +553,16 @@ size_t PosixBackend::rebalance_locked(std::deque<std::pair<IoRequest*, bool>>* r
   if (stopping_ || queue_.empty()) return 0;
   const uint64_t now = now_ns();
   size_t held = 0;
-  for (size_t i = 0; i < threads_.size(); ++i) held += busy_since_[i] != 0 && now - busy_since_[i] >= kHeldNs ? 1 : 0;
+  uint64_t next = kNoDeadline;  // when the next busy thread counts as held
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    if (busy_since_[i] == 0) continue;
+    if (now - busy_since_[i] >= kHeldNs) ++held;
+    else next = std::min(next, busy_since_[i] + kHeldNs);
+  }
+  if (next < watch_at_.load(std::memory_order_relaxed)) {  // the watcher looks again then, whether or not anyone submits
+    watch_at_.store(next, std::memory_order_relaxed);
+    watch_cv_.notify_one();
+  }
   const size_t before = threads_.size();
   while (threads_.size() - held < opts_.depth && threads_.size() < busy_since_.size() && add_spare_locked()) {
   }
@@ -574,6 +586,71 @@ void PosixBackend::refuse(std::deque<std::pair<IoRequest*, bool>>* refused, size
                   opts_.dir.c_str(), held, is_load ? "load" : "dump");
   }
   refused->clear();
+}
+
+void PosixBackend::watch_ring(uint64_t since) {
+#if UCM_HAVE_URING
+  const uint64_t at = since + PosixRing::kStuckThreadNs;
+  // The ring's thread arms this before each of its calls: mostly a look at
+  // an atomic, as the watcher is armed already for sooner.
+  if (watch_at_.load(std::memory_order_relaxed) <= at) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (at < watch_at_.load(std::memory_order_relaxed)) {
+    watch_at_.store(at, std::memory_order_relaxed);
+    watch_cv_.notify_one();
+  }
+#else
+  (void)since;
+#endif
+}
+
+// The ring's thread held in one call past kStuckThreadNs with loads queued
+// behind it: they, and the loads after them, go to the threads (unlocked).
+void PosixBackend::look_at_ring() {
+#if UCM_HAVE_URING
+  if (!ring_ || ring_->given_up()) return;
+  const uint64_t since = ring_->call_since();
+  if (since == 0) return;
+  if (now_ns() - since < PosixRing::kStuckThreadNs) return watch_ring(since);
+  std::deque<IoRequest*> handed = ring_->requests_stuck(true);
+  if (handed.empty()) return;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!stopping_) {
+      for (IoRequest* req : handed) queue_.emplace_back(req, true);
+      handed.clear();
+    }
+  }
+  for (IoRequest* req : handed) complete_with(req, Result::kTimeout, "posix store shut down with the request queued");
+  cv_.notify_all();
+#endif
+}
+
+// Requests queued behind busy threads that then hang are looked at again
+// when those count as held, with no submit or report needed to do it; so is
+// the ring's thread (look_at_ring).
+void PosixBackend::watch() {
+  name_this_thread("posix-watch");
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    const uint64_t now = now_ns();
+    const uint64_t at = watch_at_.load(std::memory_order_relaxed);
+    if (at == kNoDeadline) {
+      watch_cv_.wait(lk);
+      continue;
+    }
+    if (now < at) {
+      watch_cv_.wait_for(lk, std::chrono::nanoseconds(at - now));
+      continue;
+    }
+    watch_at_.store(kNoDeadline, std::memory_order_relaxed);
+    std::deque<std::pair<IoRequest*, bool>> refused;
+    const size_t held = rebalance_locked(&refused);
+    lk.unlock();
+    refuse(&refused, held);
+    look_at_ring();
+    lk.lock();
+  }
 }
 
 bool PosixBackend::add_spare_locked() {

@@ -178,6 +178,11 @@ class PosixBackend final : public Backend {
   PosixBackend(const PosixOptions& o, const BackendContext& ctx, int dir_fd);
   void submit(IoRequest* req, bool is_load);
   void worker(uint32_t idx);
+  void watch();
+  // The watcher looks at the ring when its thread's call began at `since`
+  // passes kStuckThreadNs; look_at_ring() is that look.
+  void watch_ring(uint64_t since);
+  void look_at_ring();
   // A request on an I/O thread, up to its done().
   void run_request(IoRequest* req, bool is_load);
   // Whether a thread's request of block b's file is held in the kernel (under mu_).
@@ -238,6 +243,11 @@ class PosixBackend final : public Backend {
   std::atomic<bool> logged_occupancy_{false};
   std::condition_variable exit_cv_;
   std::vector<std::thread> threads_;
+  std::thread watcher_;                  // watch(): never in the kernel for long, always joined
+  std::condition_variable watch_cv_;
+  // When watch() looks next (kNoDeadline: never); written under mu_, read
+  // without it by watch_ring's fast path.
+  std::atomic<uint64_t> watch_at_{UINT64_MAX};
   const uint32_t spare_;                 // threads (ring places) beyond depth, at most
   std::vector<uint64_t> busy_since_;     // under mu_: per thread, when its request began (0: idle); depth + spare_
   std::vector<BlockId> busy_block_;      // under mu_: per thread, its request's block (while busy_since_ != 0)

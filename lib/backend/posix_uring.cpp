@@ -28,6 +28,7 @@ struct PosixRing::Read {
   bool direct = false;
   uint64_t got = 0;  // bytes of the shard read so far
   int chunk = -1;    // the registered chunk holding the whole destination, or -1
+  uint64_t start_ns = 0;  // when it went into the kernel (held after PosixBackend::kHeldNs)
   ShardHeader h{};
 };
 
@@ -45,19 +46,21 @@ bool set_ring_flags(int fd, bool direct) {
 
 }  // namespace
 
-PosixRing::PosixRing(PosixBackend* store, uint32_t depth) : store_(store), depth_(depth) {}
+PosixRing::PosixRing(PosixBackend* store, uint32_t depth, uint32_t spare) : store_(store), depth_(depth), spare_(spare) {}
 
-Result PosixRing::create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out) {
-  std::unique_ptr<PosixRing> r(new PosixRing(store, depth));
+Result PosixRing::create(PosixBackend* store, uint32_t depth, uint32_t spare, std::unique_ptr<PosixRing>* out) {
+  std::unique_ptr<PosixRing> r(new PosixRing(store, depth, spare));
   r->ring_ = std::make_unique<io_uring>();
-  // One entry per read in the kernel (depth, and as many beside stuck ones:
-  // requests_stuck) and one for the bell.
-  const int e = io_uring_queue_init(2 * depth + 1, r->ring_.get(), 0);
+  // One entry per read in the kernel (depth, and up to spare more beside
+  // held ones) and one for the bell.
+  const uint32_t entries = depth + spare + 1;
+  const int e = io_uring_queue_init(entries, r->ring_.get(), 0);
   if (e < 0) {
     r->ring_.reset();
-    return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", 2 * depth + 1, strerror(-e));
+    return fail(Result::kUnsupported, "posix store: io_uring_queue_init(%u): %s", entries, strerror(-e));
   }
-  r->landed_.reserve(2 * depth);  // no allocation on the ring thread
+  r->landed_.reserve(depth + spare);  // no allocation on the ring thread
+  r->live_.reserve(depth + spare);
   r->register_buffers();
   r->bell_fd_ = eventfd(0, EFD_CLOEXEC);
   if (r->bell_fd_ < 0) return fail(Result::kSystem, "posix store: eventfd: %s", strerror(errno));
@@ -133,17 +136,23 @@ bool PosixRing::submit(IoRequest* req) {
   return true;
 }
 
-PosixRing::CallMark::CallMark(PosixRing* r) : ring(r) { ring->call_since_.store(now_ns(), std::memory_order_relaxed); }
+PosixRing::CallMark::CallMark(PosixRing* r) : ring(r) {
+  const uint64_t now = now_ns();
+  ring->call_since_.store(now, std::memory_order_relaxed);
+  // The store's watcher looks kStuckThreadNs from now whether this call came
+  // back (a thread the kernel holds cannot say so itself).
+  ring->store_->watch_ring(now);
+}
 PosixRing::CallMark::~CallMark() { ring->call_since_.store(0, std::memory_order_relaxed); }
 
-std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
+std::deque<IoRequest*> PosixRing::requests_stuck(bool only_if_queued) {
   bool wake = false;
-  uint32_t room = 0;
   std::deque<IoRequest*> handed;
   {
     std::lock_guard<std::mutex> g(mu_);
     const uint64_t since = call_since_.load(std::memory_order_relaxed);
-    if (!given_up_.load(std::memory_order_relaxed) && since != 0 && now_ns() - since >= kStuckThreadNs) {
+    if (!given_up_.load(std::memory_order_relaxed) && since != 0 && now_ns() - since >= kStuckThreadNs &&
+        (!only_if_queued || !queue_.empty())) {
       // Under mu_: the thread takes nothing queued from here on.
       given_up_.store(true, std::memory_order_release);
       handed.swap(queue_);
@@ -152,18 +161,12 @@ std::deque<IoRequest*> PosixRing::requests_stuck(uint32_t n) {
                store_->opts_.dir.c_str(), static_cast<unsigned long long>(kStuckThreadNs / 1'000'000));
       return handed;
     }
-    const uint32_t before = room_;
-    room_ = std::min(depth_, room_ + n);
-    // A thread that waits with every place taken said it was not asleep_, so
-    // no submit() rings for what comes next: the bell goes now, queued loads
-    // or not (the caller sends the load that takes the place after this call).
-    wake = room_ > before && !stopping_;
+    // The thread counts held reads itself (places()); it may wait with every
+    // place taken, said not asleep_, so no submit() rings: the bell makes it
+    // look now (the caller sends the load that takes a place after this call).
+    wake = !stopping_;
     if (wake) asleep_ = false;
-    room = room_;
   }
-  if (wake)
-    UCM_INFO(kBackend, "posix store at %s: loads stuck in the store; up to %u reads in the ring now (depth %u, at most %u)",
-             store_->opts_.dir.c_str(), depth_ + room, depth_, 2 * depth_);
   if (wake) {
     const uint64_t one = 1;
     (void)!write(bell_fd_, &one, sizeof(one));
@@ -236,8 +239,8 @@ void PosixRing::main() {
   // The kernel runs a read it cannot start without blocking (a page-cache
   // fill, a file system without nowait) on this thread's io-wq workers, at
   // most min(entries, 4 x CPUs) at once by default: on a small node fewer
-  // than the places beside stuck reads (requests_stuck). Per thread: set here.
-  unsigned workers[2] = {2 * depth_ + 1, 0};  // bounded (regular files), unbounded unchanged
+  // than the places beside held reads (places()). Per thread: set here.
+  unsigned workers[2] = {depth_ + spare_ + 1, 0};  // bounded (regular files), unbounded unchanged
   if (const int e = io_uring_register_iowq_max_workers(ring_.get(), workers); e < 0)
     UCM_INFO(kBackend, "posix store at %s: io_uring_register_iowq_max_workers: %s (the kernel's default stays)",
              store_->opts_.dir.c_str(), strerror(-e));
@@ -267,28 +270,95 @@ void PosixRing::start_queued() {
   for (;;) {
     IoRequest* req = nullptr;
     bool nothing_queued = false;
+    const Places p = places();
+    std::deque<IoRequest*> refused;
     {
       std::lock_guard<std::mutex> g(mu_);
-      const uint32_t places = depth_ + room_;
-      if (queue_.empty() || in_flight_ >= places || given_up_.load(std::memory_order_relaxed)) {
-        asleep_ = !stopping_ && in_flight_ < places;
-        break;
+      if (!queue_.empty() && p.none_left) refused.swap(queue_);
+      if (queue_.empty() || in_flight_ >= p.places || given_up_.load(std::memory_order_relaxed)) {
+        asleep_ = !stopping_ && in_flight_ < p.places;
+        if (refused.empty()) break;
+      } else {
+        req = queue_.front();
+        queue_.pop_front();
+        busy_.fetch_add(1, std::memory_order_relaxed);
+        nothing_queued = queue_.empty();
       }
-      req = queue_.front();
-      queue_.pop_front();
-      busy_.fetch_add(1, std::memory_order_relaxed);
-      nothing_queued = queue_.empty();
+    }
+    if (!refused.empty()) {
+      refuse(&refused, p.held);
+      continue;
+    }
+    if (file_held(req->key.block)) {
+      refuse_held_file(req);
+      continue;
     }
     auto* rd = new Read;
     rd->req = req;
     if (!prepare(req, rd, nothing_queued)) continue;  // completed (and rd freed)
     ++in_flight_;
+    rd->start_ns = now_ns();
+    live_.push_back(rd);
     queue_read(rd);
     // Into the kernel now, not after the next load's preparation (an open,
     // an fstat, a header read) nor after the checks of what landed.
     submit_queued();
   }
   submit_queued();  // the rest of a short read, a read the kernel asked to redo
+}
+
+// Reads in the kernel for kHeldNs hold their places, maybe for good (a dead
+// server): the ring keeps `depth` places that are not held, up to spare_
+// more. With every place held and none to add, nothing queued can start.
+PosixRing::Places PosixRing::places() const {
+  Places p;
+  p.places = depth_;
+  if (in_flight_ < depth_) return p;
+  const uint64_t now = now_ns();
+  for (const Read* rd : live_) p.held += now - rd->start_ns >= PosixBackend::kHeldNs ? 1 : 0;
+  p.places = depth_ + std::min(p.held, spare_);
+  p.none_left = p.held >= in_flight_ && in_flight_ >= depth_ + spare_;
+  return p;
+}
+
+uint64_t PosixRing::next_held_ns() const {
+  uint64_t next = kNoDeadline;
+  const uint64_t now = now_ns();
+  for (const Read* rd : live_)
+    if (now - rd->start_ns < PosixBackend::kHeldNs) next = std::min(next, rd->start_ns + PosixBackend::kHeldNs);
+  return next;
+}
+
+bool PosixRing::file_held(const BlockId& b) const {
+  const uint64_t now = now_ns();
+  for (const Read* rd : live_)
+    if (rd->req->key.block == b && now - rd->start_ns >= PosixBackend::kHeldNs) return true;
+  return false;
+}
+
+void PosixRing::refuse_held_file(IoRequest* req) {
+  store_->counters_.rejected(true);
+  complete_with(req, Result::kBackend,
+                "posix store: %s: another request of this block file has been held in the kernel for over %llu ms "
+                "(its server down?); not started",
+                store_->block_path(req->key.block).c_str(),
+                static_cast<unsigned long long>(PosixBackend::kHeldNs / 1'000'000));
+  busy_.fetch_sub(1, std::memory_order_release);
+}
+
+void PosixRing::refuse(std::deque<IoRequest*>* refused, uint32_t held) {
+  UCM_WARN("posix store at %s: all %u reads in the ring are held in the kernel (each for over %llu ms) by a file "
+           "system that does not return them (a server down?); %zu queued load(s) fail",
+           store_->opts_.dir.c_str(), held, static_cast<unsigned long long>(PosixBackend::kHeldNs / 1'000'000),
+           refused->size());
+  for (IoRequest* req : *refused) {
+    store_->counters_.rejected(true);
+    complete_with(req, Result::kBackend,
+                  "posix store at %s: all %u reads in the ring are held in the kernel by a file system that does not "
+                  "return them (a server down?); this load was not started",
+                  store_->opts_.dir.c_str(), held);
+  }
+  refused->clear();
 }
 
 void PosixRing::submit_queued() {
@@ -359,7 +429,21 @@ bool PosixRing::wait_and_reap() {
   io_uring_cqe* cqe = nullptr;
   submit_queued();  // under its mark: the wait below then only waits
   ++posix_thread_syscalls();
-  const int w = io_uring_submit_and_wait(ring_.get(), 1);
+  // With every place taken (no submit rings then), the thread looks again
+  // when the next read counts as held: a load queued meanwhile may take the
+  // place added beside it. Reads that land first end the wait as always.
+  const uint64_t next = in_flight_ >= depth_ ? next_held_ns() : kNoDeadline;
+  int w = 0;
+  if (next == kNoDeadline) {
+    w = io_uring_submit_and_wait(ring_.get(), 1);
+  } else {
+    const uint64_t now = now_ns();
+    const uint64_t in = next > now ? next - now : 0;
+    __kernel_timespec ts{static_cast<long long>(in / 1'000'000'000), static_cast<long long>(in % 1'000'000'000)};
+    io_uring_cqe* first = nullptr;
+    w = io_uring_submit_and_wait_timeout(ring_.get(), &first, 1, &ts, nullptr);
+    if (w == -ETIME) w = 0;
+  }
   if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY)
     UCM_WARN("posix store at %s: io_uring_submit_and_wait: %s", store_->opts_.dir.c_str(), strerror(-w));
   bool abandoned = false;
@@ -415,6 +499,7 @@ void PosixRing::land(Read* rd, ssize_t n) {
     rd->fd = -1;
   }
   --in_flight_;
+  live_.erase(std::find(live_.begin(), live_.end(), rd));
   store_->counters_.load_io_ended();
   note_end();
   landed_.push_back(Landed{rd, n});

@@ -58,19 +58,23 @@ namespace ucm {
 class PosixRing {
  public:
   // kUnsupported where the kernel refuses io_uring (the message says why).
-  [[nodiscard]] static Result create(PosixBackend* store, uint32_t depth, std::unique_ptr<PosixRing>* out);
+  [[nodiscard]] static Result create(PosixBackend* store, uint32_t depth, uint32_t spare, std::unique_ptr<PosixRing>* out);
   ~PosixRing();  // after stop() and wait_exit() returned true
 
   // false: the ring has given up (given_up) and did not take req.
   [[nodiscard]] bool submit(IoRequest* req);
-  // The caller counts n of its loads as stuck: n more reads may be in the
-  // kernel at once, at most depth more in the ring's life (PosixBackend::requests_stuck).
+  // The caller counts some of its loads as stuck: the ring's thread looks at
+  // its reads now (it also does on its own, places()).
   // When the ring's own thread has been held in a call into the file system
   // for kStuckThreadNs (a read the file system ran inline and that does not
   // return, an open, a header read or a close that does not), the ring takes
   // no more loads (given_up) and returns the queued ones, for the store's
   // threads. For good: the store's loads stay on the threads.
-  std::deque<IoRequest*> requests_stuck(uint32_t n);
+  // only_if_queued: give up only when loads wait in the ring's queue (the
+  // store's watcher, which looks whether or not anyone said so).
+  std::deque<IoRequest*> requests_stuck(bool only_if_queued = false);
+  // Since when the ring's thread has been in a call into the file system (0: in none).
+  uint64_t call_since() const { return call_since_.load(std::memory_order_relaxed); }
   // Takes back a load still queued here (PosixBackend::cancel).
   bool cancel(IoRequest* req);
   // No load is to be submitted here any more: its thread was found stuck.
@@ -87,7 +91,21 @@ class PosixRing {
 
  private:
   struct Read;
-  PosixRing(PosixBackend* store, uint32_t depth);
+  PosixRing(PosixBackend* store, uint32_t depth, uint32_t spare);
+  // Places for reads now (ring thread): depth, and one more per held read
+  // (up to spare_); none_left: every place is held and none may be added.
+  struct Places {
+    uint32_t places = 0;
+    uint32_t held = 0;
+    bool none_left = false;
+  };
+  Places places() const;
+  // When the next read in the kernel counts as held (kNoDeadline: none).
+  uint64_t next_held_ns() const;
+  // Whether a read of block b's file is held in the kernel (ring thread).
+  bool file_held(const BlockId& b) const;
+  void refuse_held_file(IoRequest* req);
+  void refuse(std::deque<IoRequest*>* refused, uint32_t held);
   void register_buffers();
   void main();
   void start_queued();
@@ -107,6 +125,8 @@ class PosixRing {
 
   PosixBackend* const store_;
   const uint32_t depth_;
+  const uint32_t spare_;
+  std::vector<Read*> live_;        // the ring thread's: reads in the kernel (for held ones: places())
   std::unique_ptr<io_uring> ring_;
   FixedBuffers fixed_;  // registered with ring_ (empty: none); set before the thread starts
   int bell_fd_ = -1;
@@ -117,7 +137,6 @@ class PosixRing {
   bool asleep_ = false;            // under mu_: the thread waits with room for more
   bool stopping_ = false;          // under mu_
   bool exited_ = false;            // under mu_
-  uint32_t room_ = 0;              // under mu_: places beside stuck reads (requests_stuck), at most depth_
   std::atomic<bool> given_up_{false};
   // Since when the ring thread has been in a system call that may run a
   // file system's code (prepare, submit); 0: in none (its wait for
