@@ -260,7 +260,7 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   if (stop) {
     fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized before its load was sent");
   } else if (stuck) {
-    fail_item(it, Result::kTimeout, stuck_text(e.key));
+    fail_item(it, Result::kTimeout, key_text(e.key) + ": " + stuck_reason());
   } else {
     fail_item(it, Result::kTimeout,
               key_text(e.key) + ": the task's deadline passed before its load was sent" +
@@ -314,7 +314,8 @@ bool LoadQueue::retry_load(Item& it, uint32_t* w) {
     std::string why;
     {
       std::lock_guard<std::mutex> g(io_mu_);
-      why = last_backend_error_;
+      const auto at = load_errors_.find(e.key);  // this key's, not the rank's last (helper-18)
+      if (at != load_errors_.end()) why = at->second;
     }
     fail_item(it, Result::kBackend,
               key_text(e.key) + ": the backend load failed " + std::to_string(it.failures) + " times" +

@@ -565,10 +565,10 @@ void LoadQueue::prealloc_next(const Task& t) {
 
 Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot) {
   const uint64_t deadline = t->deadline_ns();
+  // The caller's message names the key: these say what befell it.
   if (now_ns() >= deadline)  // a load sent now would be abandoned at once (a fan-out fallback past its task's deadline)
-    return fail(Result::kTimeout, "%s: the task's deadline passed before its load was sent",
-                key_text(t->entries()[index].key).c_str());
-  if (load_stuck(t->entries()[index].key)) return fail(Result::kTimeout, "%s", stuck_text(t->entries()[index].key).c_str());
+    return fail(Result::kTimeout, "the task's deadline passed before its load was sent");
+  if (load_stuck(t->entries()[index].key)) return fail(Result::kTimeout, "%s", stuck_reason().c_str());
   for (;;) {
     // I/Os past their deadline give their depth back here too: the
     // dispatcher is never held behind a hung load past its deadline.
@@ -590,9 +590,9 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
         kept = depth_wanted_;
       }
       return fail(Result::kTimeout,
-                  "%s: no I/O place of this rank's %u came free before the task's deadline (%llu in flight, and %llu "
+                  "no I/O place of this rank's %u came free before the task's deadline (%llu in flight, and %llu "
                   "stuck in the store%s)",
-                  key_text(t->entries()[index].key).c_str(), opts_.io_depth, static_cast<unsigned long long>(in_flight),
+                  opts_.io_depth, static_cast<unsigned long long>(in_flight),
                   static_cast<unsigned long long>(stuck), kept ? "; one kept for a load the copier owns" : "");
     }
     const uint64_t until = std::min({deadline, next_expiry, now + kStopCheckNs});
@@ -658,9 +658,8 @@ bool LoadQueue::load_stuck(const Key& k) const {
   return at != stuck_loads_.end() && at->second >= kStuckLoadsMax;
 }
 
-std::string LoadQueue::stuck_text(const Key& k) const {
-  return key_text(k) +
-         ": the store still holds " + std::to_string(kStuckLoadsMax) +
+std::string LoadQueue::stuck_reason() {
+  return "the store still holds " + std::to_string(kStuckLoadsMax) +
          " of this rank's earlier loads of it, past their deadlines; not sent again until the store returns one";
 }
 
@@ -728,12 +727,12 @@ uint64_t LoadQueue::expire_due_ios() {
         note_overdue(io, true);
         if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
       }
+      if (io->is_load) load_errors_[io->req.key] = "the store did not complete the load by the task's deadline";
       live_ios_[k] = live_ios_.back();
       live_ios_.pop_back();
       --(io->stuck ? io_stuck_ : io_inflight_);
       freed = true;
     }
-    if (!due.empty()) last_backend_error_ = "the store did not complete the load by the task's deadline";
     if (freed && depth_wanted_) cache_->ring_bell();  // as on_io_done: the copier may sleep with an unsent entry
     if (freed) io_cv_.notify_all();
   }
@@ -863,7 +862,8 @@ void LoadQueue::load_done(Io& io) {
   const bool corrupt = req.result == Result::kCorrupt;
   {
     std::lock_guard<std::mutex> g(io_mu_);
-    last_backend_error_ = req.error;
+    if (load_errors_.size() >= kLoadErrorsMax) load_errors_.clear();  // a bound: the message is a hint
+    load_errors_[req.key] = req.error;
     // Before the mark: our copier reads it once it sees Corrupt.
     if (corrupt) corrupt_notes_[io.slot] = CorruptNote{req.key, req.error};
   }

@@ -314,9 +314,9 @@ class LoadQueue {
   void depth_unwanted();
   bool depth_free() const;
   // Whether the store still holds kStuckLoadsMax expired loads of k
-  // (stuck_loads_); the caller fails the entry with stuck_text(k).
+  // (stuck_loads_); the caller fails the entry with the key and stuck_reason().
   bool load_stuck(const Key& k) const;
-  std::string stuck_text(const Key& k) const;
+  static std::string stuck_reason();
   // Sends the load of an owned slot, with a depth claimed for it.
   void send_load(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot);
   Result write_dump(const std::shared_ptr<Task>& t, uint32_t index, uint32_t slot, CopyStream* stream);
@@ -469,7 +469,10 @@ class LoadQueue {
   std::condition_variable io_cv_;
   uint64_t io_inflight_ = 0;  // I/Os holding one of io_depth places
   uint64_t io_stuck_ = 0;     // live I/Os past their stuck time, holding none (at most io_depth)
-  std::string last_backend_error_;
+  // The store's last error for each key whose load failed on this rank (for
+  // the message of an entry out of retries); cleared at kLoadErrorsMax.
+  std::unordered_map<Key, std::string, KeyHash> load_errors_;
+  static constexpr size_t kLoadErrorsMax = 1024;
   std::vector<Io*> live_ios_;  // in flight and not expired
   // Keys whose loads expired and the store has not returned yet (how many
   // of each): with kStuckLoadsMax, not sent again until it does (load_stuck).

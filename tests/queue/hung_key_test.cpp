@@ -79,6 +79,10 @@ TEST(HungKey, IsNotSentAgainWhileTheStoreHoldsTwoExpiredLoads) {
   ASSERT_NO_FATAL_FAILURE(p.run(c));
   EXPECT_EQ(c.task->result(), Result::kTimeout) << c.task->error();
   EXPECT_NE(c.task->error().find("earlier loads"), std::string::npos) << c.task->error();
+  const std::string& why = c.task->error();
+  const size_t first = why.find("shard 0");
+  EXPECT_TRUE(first != std::string::npos && why.find("shard 0", first + 1) == std::string::npos)
+      << "the key is named once: " << why;
   EXPECT_EQ(ctr.backend_loads.load(), 2u) << "a third load of the hung key went to the store";
   EXPECT_EQ(slots_pinned(p), 2u) << "only the two hung loads' slots stay pinned by the store";
   // The store answers new loads again, and returns the first (late): the key loads again.
