@@ -1,6 +1,6 @@
 // Names for the library's long-lived threads, as `top -H`, `perf`, gdb and
 // /proc/PID/task/TID/comm show them: "ucm-" + a role + the local rank where
-// the thread knows it ("ucm-disp0", "ucm-copy0", "ucm-posix", "ucm-uring",
+// the thread knows it ("ucm-disp0", "ucm-copy0", "ucm-posix", "ucm-posix-watch", "ucm-uring",
 // "ucm-sim", "ucm-fanout0", "ucm-ask0", "ucm-touch0"). The kernel keeps 15
 // bytes; a longer name is cut.
 // Naming never fails the caller: a thread without a name only reads worse in
