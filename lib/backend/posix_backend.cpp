@@ -736,6 +736,12 @@ void PosixBackend::worker(uint32_t idx) {
         busy_since_[idx] = now;
         busy_block_[idx] = item.first->key.block;
         if (item.second) note_load_start_locked(nothing_queued);
+        // Requests wait behind this one: the watcher looks when it would
+        // count as held (a spare that takes a request that hangs, too).
+        if (!nothing_queued && now + kHeldNs < watch_at_.load(std::memory_order_relaxed)) {
+          watch_at_.store(now + kHeldNs, std::memory_order_relaxed);
+          watch_cv_.notify_one();
+        }
       }
     }
     if (refused) {

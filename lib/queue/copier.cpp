@@ -260,7 +260,7 @@ bool LoadQueue::send_unsent(Item& it, Look* look) {
   if (stop) {
     fail_item(it, Result::kFinalized, key_text(e.key) + ": the cache was finalized before its load was sent");
   } else if (stuck) {
-    fail_item(it, Result::kTimeout, key_text(e.key) + ": " + stuck_reason());
+    fail_item(it, Result::kBackend, key_text(e.key) + ": " + stuck_reason());
   } else {
     fail_item(it, Result::kTimeout,
               key_text(e.key) + ": the task's deadline passed before its load was sent" +

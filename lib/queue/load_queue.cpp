@@ -568,7 +568,8 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
   // The caller's message names the key: these say what befell it.
   if (now_ns() >= deadline)  // a load sent now would be abandoned at once (a fan-out fallback past its task's deadline)
     return fail(Result::kTimeout, "the task's deadline passed before its load was sent");
-  if (load_stuck(t->entries()[index].key)) return fail(Result::kTimeout, "%s", stuck_reason().c_str());
+  // kBackend: the store failed it, no wait of the caller ran out (helper-19: TIMEOUT read as "deadline too short").
+  if (load_stuck(t->entries()[index].key)) return fail(Result::kBackend, "%s", stuck_reason().c_str());
   for (;;) {
     // I/Os past their deadline give their depth back here too: the
     // dispatcher is never held behind a hung load past its deadline.
