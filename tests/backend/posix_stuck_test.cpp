@@ -44,6 +44,7 @@ namespace ucm::test {
 namespace {
 
 constexpr uint64_t kShard = 4096;
+constexpr bool kRingBuilt = UCM_HAVE_URING != 0;
 
 // Memory whose first touch waits until release(): a read into it hangs in
 // the kernel (copy_to_user, or the pinning of a direct read, faults and
@@ -267,15 +268,22 @@ class PartlyHungFs : public ::testing::Test {
     return found;
   }
   static std::string basename_of(const std::string& p) { return p.substr(p.rfind('/') + 1); }
+  // Mounts with `hung` hung files and opens a store there (null: skipped, or failed).
+  std::unique_ptr<PosixBackend> mounted_store(const char* cache, uint32_t hung, const std::string& engine,
+                                              uint32_t depth) {
+    mount(cache, hung);
+    if (IsSkipped() || HasFatalFailure()) return nullptr;
+    auto store = make_store(mnt_.path, engine, depth);
+    EXPECT_NE(store, nullptr);
+    return store;
+  }
   void second_request_of_a_held_file(const char* cache, const std::string& engine);
   void behind_six_hung_reads(const char* cache, const std::string& engine);
   // `hung` loads hang on a store of that depth; warned: the warnings
   // expected (the ring's thread found stuck).
   void run(const char* cache, const std::string& engine, uint32_t hung, bool told_first, size_t warned) {
-    mount(cache, hung);
-    if (IsSkipped() || HasFatalFailure()) return;
-    auto store = make_store(mnt_.path, engine, hung);
-    ASSERT_NE(store, nullptr);
+    auto store = mounted_store(cache, hung, engine, hung);
+    if (!store) return;
     ASSERT_STREQ(store->load_engine(), engine.c_str());
     std::vector<std::unique_ptr<AlignedBuf>> bufs;
     HungRun r;
@@ -308,21 +316,16 @@ TEST_F(PartlyHungFs, ThreadsLoadPastTwoHungReads) { run("direct", "threads", 2, 
 TEST_F(PartlyHungFs, ASecondRequestOfAHeldFileIsNotStarted) { second_request_of_a_held_file("direct", "threads"); }
 
 TEST_F(PartlyHungFs, TheRingStartsNoSecondRequestOfAHeldFile) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   second_request_of_a_held_file("page", "uring");
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 // As PosixStuck.ALoadQueuedBehindManyHungReadsGetsAThreadInTheEnd, on
 // the FUSE file system and both engines: six hung reads at depth 2, and a
 // good load behind them.
 void PartlyHungFs::behind_six_hung_reads(const char* cache, const std::string& engine) {
-  mount(cache, 6);
-  if (IsSkipped() || HasFatalFailure()) return;
-  auto store = make_store(mnt_.path, engine, 2);
-  ASSERT_NE(store, nullptr);
+  auto store = mounted_store(cache, 6, engine, 2);
+  if (!store) return;
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
   std::vector<Op> ops(6);
   Batch hung;
@@ -344,18 +347,13 @@ void PartlyHungFs::behind_six_hung_reads(const char* cache, const std::string& e
 TEST_F(PartlyHungFs, ThreadsGiveALoadBehindSixHungReadsAThread) { behind_six_hung_reads("direct", "threads"); }
 
 TEST_F(PartlyHungFs, TheRingGivesALoadBehindSixHungReadsAPlace) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   behind_six_hung_reads("page", "uring");
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 void PartlyHungFs::second_request_of_a_held_file(const char* cache, const std::string& engine) {
-  mount(cache, 1);
-  if (IsSkipped() || HasFatalFailure()) return;
-  auto store = make_store(mnt_.path, engine, 2);
-  ASSERT_NE(store, nullptr);
+  auto store = mounted_store(cache, 1, engine, 2);
+  if (!store) return;
   AlignedBuf b1(kShard), b2(kShard), b3(kShard);
   Batch hung;
   Op first;
@@ -379,11 +377,8 @@ void PartlyHungFs::second_request_of_a_held_file(const char* cache, const std::s
 // FUSE runs a direct_io read inline, in the ring's own thread, which the hung
 // read then holds in the kernel: the ring gives its loads to the threads.
 TEST_F(PartlyHungFs, TheRingGivesItsLoadsToTheThreadsWhenItsThreadHangs) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   run("direct", "uring", 2, false, 1);
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 // Through the page cache, io_uring hands the hung reads to its own workers:
@@ -391,29 +386,20 @@ TEST_F(PartlyHungFs, TheRingGivesItsLoadsToTheThreadsWhenItsThreadHangs) {
 // beside them, also when the room is made before the load comes (the ring's
 // thread then waits with every place taken, and must be woken for it).
 TEST_F(PartlyHungFs, TheRingLoadsBesideTwoHungReadsInItsWorkers) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   run("page", "uring", 2, false, 0);
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 TEST_F(PartlyHungFs, TheRingIsWokenForRoomMadeBeforeTheNextLoad) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   run("page", "uring", 2, true, 0);
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 // Eight hung reads at depth 8: past the kernel's default of io-wq workers
 // for one thread on a small node (4 per CPU), so the ring raises it.
 TEST_F(PartlyHungFs, TheRingLoadsBesideEightHungReadsInItsWorkers) {
-#if UCM_HAVE_URING
+  if (!kRingBuilt) GTEST_SKIP() << "built without io_uring";
   run("page", "uring", 8, true, 0);
-#else
-  GTEST_SKIP() << "built without io_uring";
-#endif
 }
 
 // Hung reads in waves, each wave on threads the store added for the last:
