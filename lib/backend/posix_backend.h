@@ -180,8 +180,13 @@ class PosixBackend final : public Backend {
   void worker(uint32_t idx);
   void watch();
   // The watcher looks at the ring when its thread's call began at `since`
-  // passes kStuckThreadNs; look_at_ring() is that look.
+  // passes kHeldNs; look_at_ring() is that look.
   void watch_ring(uint64_t since);
+  // The watcher looks at `at` if not sooner (under mu_).
+  void arm_watch_locked(uint64_t at);
+  // Fails req, not started, as a request of a block file another request of
+  // which is held in the kernel (both engines).
+  void fail_held_file(IoRequest* req);
   void look_at_ring();
   // A request on an I/O thread, up to its done().
   void run_request(IoRequest* req, bool is_load);

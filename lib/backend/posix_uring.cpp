@@ -139,7 +139,7 @@ bool PosixRing::submit(IoRequest* req) {
 PosixRing::CallMark::CallMark(PosixRing* r) : ring(r) {
   const uint64_t now = now_ns();
   ring->call_since_.store(now, std::memory_order_relaxed);
-  // The store's watcher looks kStuckThreadNs from now whether this call came
+  // The store's watcher looks PosixBackend::kHeldNs from now whether this call came
   // back (a thread the kernel holds cannot say so itself).
   ring->store_->watch_ring(now);
 }
@@ -151,14 +151,14 @@ std::deque<IoRequest*> PosixRing::requests_stuck(bool only_if_queued) {
   {
     std::lock_guard<std::mutex> g(mu_);
     const uint64_t since = call_since_.load(std::memory_order_relaxed);
-    if (!given_up_.load(std::memory_order_relaxed) && since != 0 && now_ns() - since >= kStuckThreadNs &&
+    if (!given_up_.load(std::memory_order_relaxed) && since != 0 && now_ns() - since >= PosixBackend::kHeldNs &&
         (!only_if_queued || !queue_.empty())) {
       // Under mu_: the thread takes nothing queued from here on.
       given_up_.store(true, std::memory_order_release);
       handed.swap(queue_);
       UCM_WARN("posix store at %s: the io_uring thread has been in one call into the file system for over %llu ms "
                "(a read, an open or a close that does not return); loads go to the store's I/O threads from now on",
-               store_->opts_.dir.c_str(), static_cast<unsigned long long>(kStuckThreadNs / 1'000'000));
+               store_->opts_.dir.c_str(), static_cast<unsigned long long>(PosixBackend::kHeldNs / 1'000'000));
       return handed;
     }
     // The thread counts held reads itself (places()); it may wait with every
@@ -338,11 +338,8 @@ bool PosixRing::file_held(const BlockId& b) const {
 
 void PosixRing::refuse_held_file(IoRequest* req) {
   store_->counters_.rejected(true);
-  complete_with(req, Result::kBackend,
-                "posix store: %s: another request of this block file has been held in the kernel for over %llu ms "
-                "(its server down?); not started",
-                store_->block_path(req->key.block).c_str(),
-                static_cast<unsigned long long>(PosixBackend::kHeldNs / 1'000'000));
+  store_->fail_held_file(req);
+  req->done(req);
   busy_.fetch_sub(1, std::memory_order_release);
 }
 

@@ -66,7 +66,7 @@ class PosixRing {
   // The caller counts some of its loads as stuck: the ring's thread looks at
   // its reads now (it also does on its own, places()).
   // When the ring's own thread has been held in a call into the file system
-  // for kStuckThreadNs (a read the file system ran inline and that does not
+  // for PosixBackend::kHeldNs (a read the file system ran inline and that does not
   // return, an open, a header read or a close that does not), the ring takes
   // no more loads (given_up) and returns the queued ones, for the store's
   // threads. For good: the store's loads stay on the threads.
@@ -79,7 +79,6 @@ class PosixRing {
   bool cancel(IoRequest* req);
   // No load is to be submitted here any more: its thread was found stuck.
   bool given_up() const { return given_up_.load(std::memory_order_acquire); }
-  static constexpr uint64_t kStuckThreadNs = 200'000'000;
   // Completes the queued requests (kTimeout); the reads in the kernel finish.
   void stop();
   // Whether the ring thread returned by the deadline (it is then joined).
