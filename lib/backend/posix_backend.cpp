@@ -415,7 +415,12 @@ Result PosixBackend::start_ring() {
 #endif
 }
 
-const char* PosixBackend::load_engine() const { return ring_ && !ring_->given_up() ? "uring" : "threads"; }
+const char* PosixBackend::load_engine() const {
+#if UCM_HAVE_URING
+  if (ring_ && !ring_->given_up()) return "uring";
+#endif
+  return "threads";
+}
 
 PosixBackend::~PosixBackend() {
   // Unbounded here: a caller that must not wait forever calls shutdown()
