@@ -7,8 +7,8 @@
 #   ./run.sh test   install packages, then four builds and their tests:
 #                   build-ci (--werror, everything built, every suite, the
 #                   Python package's suite `python` included), build-core
-#                   (--werror, without MPI, hwloc or CUDA: suites unit and
-#                   mp), build-tsan (ThreadSanitizer, with MPI: suites unit,
+#                   (--werror, without MPI, hwloc, CUDA or liburing: suites
+#                   unit and mp), build-tsan (ThreadSanitizer, with MPI: suites unit,
 #                   mp and mpi), build-asan (AddressSanitizer + UBSan: suites
 #                   unit, mp, mpi). build-core, -tsan and -asan build only
 #                   what their suites' tests run (.ci/suite_targets.py). The
@@ -176,10 +176,13 @@ test_job() {
   local san_common="-Dcuda=disabled -Dnccl=disabled"
 
   # The proof that the cache core builds (without a warning) and passes its
-  # tests with none of MPI, hwloc or CUDA (DESIGN.md section 3). Unoptimized:
+  # tests with none of MPI, hwloc or CUDA (DESIGN.md section 3), and that the
+  # posix store builds and works without liburing (its io_uring engine's tests
+  # skip, saying so; every other stage builds that engine). Unoptimized:
   # it is the cheapest build, and the optimized code is tested in the others.
   # It builds what suites unit and mp run (no benchmarks: build-ci runs those).
-  stage core "$PREFIX-core" "--werror -Dbuildtype=debug $san_common -Dmpi=disabled -Dhwloc=disabled" \
+  stage core "$PREFIX-core" \
+    "--werror -Dbuildtype=debug $san_common -Dmpi=disabled -Dhwloc=disabled -Dio_uring=disabled" \
     "unit mp" ""
 
   # ThreadSanitizer over everything the CPU runs, with MPI: the core's shared

@@ -28,7 +28,9 @@ namespace ucm {
 void PosixBackend::requests_stuck(uint32_t loads, uint32_t dumps) {
   (void)dumps;  // the threads look for themselves (rebalance_locked); this call says when to look
   std::deque<IoRequest*> handed;
-#if UCM_HAVE_URING
+#if !UCM_HAVE_URING
+  (void)loads;  // only the ring hands its stuck loads back
+#else
   if (loads > 0 && ring_ && !ring_->given_up()) handed = ring_->requests_stuck();  // else its thread is stuck
 #endif
   std::deque<std::pair<IoRequest*, bool>> refused;
