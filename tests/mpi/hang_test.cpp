@@ -63,7 +63,7 @@ TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
   const int n = world_size();
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=900.0");
   cfg.io_depth = 1;
-  cfg.timeout_ms = 3000;
+  cfg.timeout_ms = 1500;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   // A: rank 0 owns positions 0 (the hung key) and n (then stuck behind it).
@@ -110,7 +110,7 @@ TEST_F(Hang, AHungLoadFailsAtTheDeadlineAndFreesTheRank) {
 // The default io_depth: only the task with the hung key waits for it.
 TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
   ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=940.0");
-  cfg.timeout_ms = 8000;
+  cfg.timeout_ms = 3000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   LoadBatch one;
@@ -124,7 +124,7 @@ TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
   ASSERT_EQ(ucm_load_task(cache, two.entries.data(), two.entries.size(), &t2), UCM_OK) << msg(cache);
   // Task 2 completes while task 1 still waits for its hung key: the order
   // says it was not held behind that key (task 1 ends only at its deadline,
-  // 8 s: ~500 times the 16 loads' work, a grace no scheduling delay reaches).
+  // 3 s: ~200 times the 16 loads' work, a grace no scheduling delay reaches).
   EXPECT_EQ(wait_guarded(cache, t2, "the 16-shard task beside a hung key"), UCM_OK) << msg(cache);
   const uint64_t two_ms = ms_since(t0);
   int one_done = -1;
@@ -140,7 +140,7 @@ TEST_F(Hang, AnUnrelatedTaskIsNotHeldBehindAHungKey) {
 
 // io_depth 1 and a hung key owned by every rank: each rank's only place is
 // held by a load the store never answers. A quarter of the task's time in
-// (timeout_ms 4000: 1 s), that load counts as stuck and gives its place to
+// (timeout_ms 2000: 500 ms), that load counts as stuck and gives its place to
 // the next: a task of other keys completes. Before, io_depth was a hard
 // bound, and that task ended with UCM_ERR_TIMEOUT at its own deadline.
 TEST_F(Hang, LoadsThatHangGiveTheirPlaceToOthersAfterAQuarterOfTheirTime) {
@@ -149,7 +149,7 @@ TEST_F(Hang, LoadsThatHangGiveTheirPlaceToOthersAfterAQuarterOfTheirTime) {
   for (int r = 0; r < n; ++r) hung += (r > 0 ? "+" : "") + std::to_string(960 + r) + ".0";
   ucm_config_t cfg = task_config(64, hung.c_str());
   cfg.io_depth = 1;
-  cfg.timeout_ms = 4000;
+  cfg.timeout_ms = 2000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   LoadBatch h;  // rank r owns position r: key 960 + r, hung
@@ -172,8 +172,8 @@ TEST_F(Hang, LoadsThatHangGiveTheirPlaceToOthersAfterAQuarterOfTheirTime) {
 // A load past its deadline completes later, after the key was loaded again
 // into another slot: no byte of any slot is wrong, nothing leaks.
 TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
-  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=950.0,hang_ms=3500");
-  cfg.timeout_ms = 1500;
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=950.0,hang_ms=2200");
+  cfg.timeout_ms = 1000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   SimBackend* sim = sim_of(cache);
@@ -215,8 +215,8 @@ TEST_F(Hang, ALateCompletionWritesNoWrongByteAndLeaksNothing) {
 // fails the dump (the bytes are not known to be in the store); its late
 // completion is dropped; once the store answers, the next dump writes again.
 TEST_F(Hang, AHungWriteThroughFailsItsDumpAtTheDeadline) {
-  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=970.0,hang_dumps=1,hang_ms=4000");
-  cfg.timeout_ms = 1500;
+  ucm_config_t cfg = task_config(64, "sim:latency_us=1000,hang_keys=970.0,hang_dumps=1,hang_ms=2200");
+  cfg.timeout_ms = 1000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   SimBackend* sim = sim_of(cache);
@@ -326,7 +326,7 @@ TEST_F(Hang, FinalizeIsBoundedWhenTheStoreIsStuckInTheKernel) {
     ASSERT_EQ(finalize(), UCM_OK) << msg(nullptr);
   }
   ucm_config_t cfg = task_config(64, spec.c_str());
-  cfg.timeout_ms = 2000;
+  cfg.timeout_ms = 1000;
   ASSERT_NO_FATAL_FAILURE(init(cfg));
   ucm_cache_t& cache = cache_;
   Backend* store = impl_of(cache)->backend();
