@@ -690,7 +690,13 @@ void LoadQueue::track_io(Io* io) {
     std::lock_guard<std::mutex> g(io_mu_);
     live_ios_.push_back(io);
   }
-  copier_cv_.notify_one();  // the copier looks at deadlines while anything is in flight
+  // The copier looks at deadlines while anything is in flight. An idle
+  // copier looks at live_ios_ under mu_ and then waits on copier_cv_
+  // (wait_for_items): passing through mu_ puts this wake-up after its wait
+  // began, or the I/O before its look. Without it, a write-through sent by
+  // the dispatcher between the two went unwatched past its deadline.
+  { std::lock_guard<std::mutex> g(mu_); }
+  copier_cv_.notify_one();
 }
 
 uint64_t LoadQueue::expire_due_ios() {

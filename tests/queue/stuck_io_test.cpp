@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <memory>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backend/sim_content.h"
+#include "common/stress.h"
 #include "common/test_util.h"
 #include "common/time.h"
 #include "queue/counters.h"
@@ -211,6 +213,52 @@ TEST(StuckIo, TheStoreTakesBackAnExpiredLoadItHasNotStarted) {
   ASSERT_TRUE(c.task->wait_until(deadline_after_ms(kWaitMs)));
   EXPECT_EQ(c.task->result(), Result::kOk) << c.task->error();
   EXPECT_EQ(sim_verify(test::key(97002, 0), c.dst.data(), kShard), kShard);
+}
+
+
+// A write-through submitted just as the copier goes idle (its last task has
+// just ended) is watched all the same: its dump fails at the task's deadline
+// while the store holds the write. Before, the copier checked for I/Os in
+// flight and then waited with no bound for a wake-up that the dispatcher
+// could send between the two (track_io did not take the copier's mutex):
+// the copier slept through the write's deadline, and the dump ended only
+// when the store answered (with hang_ms 0, never). Many rounds, each its
+// load ending right before its dump's write starts, to meet that moment.
+TEST(StuckIo, AWriteSentAsTheCopierGoesIdleStillEndsAtItsDeadline) {
+  StuckStore p;
+  test::QueueParts parts;
+  parts.store_hang_ms = 40;  // the late writes give their slots back
+  parts.store_hang_dumps = true;
+  ASSERT_NO_FATAL_FAILURE(p.open(4, QueueOptions{}.io_stuck_ns, 64, std::move(parts)));
+  std::vector<uint8_t> src(kShard);
+  std::mt19937 rng(std::random_device{}());  // jitter only: any seed sweeps the moment
+  const uint64_t until = deadline_after_ms(static_cast<uint64_t>(2000 * test::test_time_multiplier()));
+  uint32_t rounds = 0;
+  for (; rounds < 2000 && now_ns() < until; ++rounds) {
+    OneKey l(2 * rounds, test::key(98000 + rounds, 0), kWaitMs);
+    const Key d = test::key(99000 + rounds, 0);
+    sim_fill(d, src.data(), kShard);
+    p.store->hang_key(d);
+    std::vector<TaskEntry> es(1);
+    es[0].key = d;
+    es[0].src = src.data();
+    auto dump = std::make_shared<Task>(2 * rounds + 1, TaskKind::kDump, std::move(es), deadline_after_ms(3));
+    // The load's end and the write's start a varying few microseconds apart.
+    ASSERT_EQ(p.queue->submit(l.task), Result::kOk) << last_error();
+    const uint64_t spin_until = now_ns() + rng() % 20'000;
+    while (now_ns() < spin_until) {
+    }
+    ASSERT_EQ(p.queue->submit(dump), Result::kOk) << last_error();
+    ASSERT_TRUE(l.task->wait_until(deadline_after_ms(kWaitMs))) << "round " << rounds << ": the load";
+    ASSERT_EQ(l.task->result(), Result::kOk) << l.task->error();
+    // Its deadline is 3 ms away and the store answers after 40 ms: the
+    // copier ends it at its deadline, or nothing ends it before the store.
+    ASSERT_TRUE(dump->wait_until(deadline_after_ms(kWaitMs))) << "round " << rounds << ": the dump";
+    ASSERT_EQ(dump->result(), Result::kTimeout)
+        << "round " << rounds << ": the dump's write-through was not watched: it ended when the store answered ("
+        << dump->error() << ")";
+  }
+  std::printf("%u rounds\n", rounds);
 }
 
 }  // namespace
