@@ -148,6 +148,13 @@ Result SimBackend::create(const SimOptions& o, const BackendContext& ctx, std::u
 }
 
 SimBackend::~SimBackend() {
+  (void)shutdown(kNoDeadline);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return sync_held_ == 0; });  // they return at once on stopping_
+}
+
+uint32_t SimBackend::shutdown(uint64_t deadline_ns) {
+  (void)deadline_ns;  // nothing of the sim store's blocks in the kernel
   std::vector<IoRequest*> abandoned;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -161,13 +168,13 @@ SimBackend::~SimBackend() {
     }
   }
   cv_.notify_all();
+  // A worker in a completion finishes it first: after the joins nothing of
+  // the store calls a done() but this thread, below.
   for (auto& t : threads_) t.join();
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return sync_held_ == 0; });  // they return at once on stopping_
-  }
+  threads_.clear();
   // Every request gets its one completion, even those held by a hang fault.
   for (IoRequest* r : abandoned) complete_with(r, Result::kTimeout, "sim store shut down with the request pending");
+  return 0;
 }
 
 void SimBackend::fail_key(const Key& k) {
@@ -214,9 +221,15 @@ void SimBackend::dump(IoRequest* req) { submit(req, false); }
 
 void SimBackend::submit(IoRequest* req, bool is_load) {
   if (reject_malformed(req, ctx_, is_load, "sim", &counters_)) return;
-  std::lock_guard<std::mutex> g(mu_);
-  if (admitted_ < opts_.max_inflight + room_) admit_locked(req, is_load, now_ns());
-  else waiting_.emplace_back(req, is_load);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!stopping_) {
+      if (admitted_ < opts_.max_inflight + room_) admit_locked(req, is_load, now_ns());
+      else waiting_.emplace_back(req, is_load);
+      return;
+    }
+  }
+  complete_with(req, Result::kTimeout, "sim store shut down before the request was queued");
 }
 
 void SimBackend::admit_locked(IoRequest* req, bool is_load, uint64_t now) {

@@ -78,6 +78,13 @@ class SimBackend final : public Backend {
   void touch(const BlockId* blocks, size_t n) override;
   [[nodiscard]] Result exists(const Key& k, bool* out) override;
   BackendCounters counters() const override { return counters_.snapshot(); }
+  // Stops the workers and completes every request it still holds (queued,
+  // in its latency, hung: kTimeout) before it returns 0: its completions
+  // touch the caller, which may free what they touch once this returns
+  // (Cache::release_local keeps a store whose synchronous call is stuck,
+  // but frees the queue and the data plane). Calls held by hang_sync return
+  // at once from here on; the destructor waits them out.
+  uint32_t shutdown(uint64_t deadline_ns) override;
   void requests_stuck(uint32_t loads, uint32_t dumps) override;
   // Takes back a request waiting for admission (over max_inflight).
   [[nodiscard]] bool cancel(IoRequest* req) override;
@@ -138,7 +145,7 @@ class SimBackend final : public Backend {
   uint32_t admitted_ = 0;
   uint32_t room_ = 0;  // admitted beside stuck requests (requests_stuck), at most max_inflight
   uint32_t sync_held_ = 0;  // calls inside hold_sync(); the destructor waits them out
-  bool stopping_ = false;
+  bool stopping_ = false;  // shutdown() began: no request is admitted, held or completed by a worker
   std::unordered_set<Key, KeyHash> fail_, hang_;
   NodeState private_state_;  // the table's memory when the context gave none
   SharedKeySet dumped_;      // populated=dumped only; lock-free, not under mu_
