@@ -720,21 +720,7 @@ uint64_t LoadQueue::expire_due_ios() {
         ++k;
         continue;
       }
-      // From here the store's completion only drops the I/O's pin; the Io
-      // may be freed by it at any moment, so copy what we need now. Alive
-      // until then: its completion's untrack_io waits for io_mu_, so the
-      // store may be asked to take it back (never started: no thread or
-      // ring place of the store's is spent on a load nobody waits for).
-      io->expired = true;
-      expired_ios_.fetch_add(1, std::memory_order_relaxed);
-      due.push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
-      if (backend_->cancel(&io->req)) {
-        taken_back.push_back(io);
-      } else {
-        note_overdue(io, true);
-        if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
-      }
-      if (io->is_load) load_errors_[io->req.key] = "the store did not complete the load by the task's deadline";
+      expire_locked(io, &due, &taken_back);
       live_ios_[k] = live_ios_.back();
       live_ios_.pop_back();
       --(io->stuck ? io_stuck_ : io_inflight_);
@@ -745,13 +731,43 @@ uint64_t LoadQueue::expire_due_ios() {
   }
   // The store makes room beside them too.
   if (newly_stuck_loads + newly_stuck_writes > 0) backend_->requests_stuck(newly_stuck_loads, newly_stuck_writes);
-  for (const Expired& x : due) end_expired(x);
+  for (const Expired& x : due) {
+    end_expired(x);
+    if (x.pinned) cache_->release(x.slot);
+  }
   for (Io* io : taken_back) {  // after end_expired: the I/O's pin kept the slot keyed to it until then
     cache_->release(io->slot);
     cancelled_ios_.fetch_add(1, std::memory_order_relaxed);
     delete io;
   }
   return next;
+}
+
+void LoadQueue::expire_locked(Io* io, std::vector<Expired>* due, std::vector<Io*>* taken_back) {
+  // From here the store's completion only drops the I/O's pin; the Io
+  // may be freed by it at any moment, so copy what we need now. Alive
+  // until then: its completion's untrack_io waits for io_mu_, so the
+  // store may be asked to take it back (never started: no thread or
+  // ring place of the store's is spent on a load nobody waits for).
+  io->expired = true;
+  expired_ios_.fetch_add(1, std::memory_order_relaxed);
+  due->push_back(Expired{io->task, io->req.key, io->index, io->slot, io->word, io->is_load});
+  if (backend_->cancel(&io->req)) {
+    taken_back->push_back(io);
+  } else {
+    // A write's I/O pin is its slot's only reference, and the store's late
+    // completion may drop it (drop_late) before end_expired ends the write:
+    // the slot, Ready and unstored, could be re-keyed and written again by
+    // this rank meanwhile, and the stale finish_write would fail that write.
+    // Our own pin keeps the slot this write's until then (helper-20).
+    if (!io->is_load) {
+      cache_->add_pin(io->slot);
+      due->back().pinned = true;
+    }
+    note_overdue(io, true);
+    if (io->is_load) ++stuck_loads_[io->req.key];  // until drop_late
+  }
+  if (io->is_load) load_errors_[io->req.key] = "the store did not complete the load by the task's deadline";
 }
 
 void LoadQueue::end_expired(const Expired& x) {

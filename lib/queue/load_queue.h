@@ -359,8 +359,12 @@ class LoadQueue {
     Key key;
     uint32_t index, slot, word;
     bool is_load;
+    bool pinned = false;  // a write the store still holds: our own pin on its slot until end_expired
   };
   void end_expired(const Expired& x);
+  // Takes a live I/O past its deadline off duty (under io_mu_): recorded in
+  // *due for end_expired, or in *taken_back when the store gave it back.
+  void expire_locked(Io* io, std::vector<Expired>* due, std::vector<Io*>* taken_back);
   // Moves the live I/O io to io_stuck_ when it is due and room is left (under
   // io_mu_); true when it did.
   bool mark_stuck_locked(Io* io, uint64_t now);
