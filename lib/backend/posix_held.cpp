@@ -110,7 +110,7 @@ void PosixBackend::watch_ring(uint64_t since) {
   const uint64_t at = since + kHeldNs;
   // The ring's thread arms this before each of its calls: mostly a look at
   // an atomic, as the watcher is armed already for sooner.
-  if (watch_at_.load(std::memory_order_relaxed) <= at) return;
+  if (watch_at_.load(std::memory_order_seq_cst) <= at) return;  // after CallMark's store (it says why)
   std::lock_guard<std::mutex> g(mu_);
   arm_watch_locked(at);
 #else
@@ -157,7 +157,7 @@ void PosixBackend::watch() {
       watch_cv_.wait_for(lk, std::chrono::nanoseconds(at - now));
       continue;
     }
-    watch_at_.store(kNoDeadline, std::memory_order_relaxed);
+    watch_at_.store(kNoDeadline, std::memory_order_seq_cst);  // before look_at_ring reads call_since_ (CallMark)
     std::deque<std::pair<IoRequest*, bool>> refused;
     const size_t held = rebalance_locked(&refused);
     lk.unlock();

@@ -138,7 +138,11 @@ bool PosixRing::submit(IoRequest* req) {
 
 PosixRing::CallMark::CallMark(PosixRing* r) : ring(r) {
   const uint64_t now = now_ns();
-  ring->call_since_.store(now, std::memory_order_relaxed);
+  // seq_cst here, in watch_ring's look at watch_at_, and on the watcher's
+  // side (it clears watch_at_, then reads call_since_): a store then a load on
+  // each side, so at least one sees the other's; with relaxed both could miss
+  // (x86's store buffer), leaving the watcher unarmed for a call that hangs.
+  ring->call_since_.store(now, std::memory_order_seq_cst);
   // The store's watcher looks PosixBackend::kHeldNs from now whether this call came
   // back (a thread the kernel holds cannot say so itself).
   ring->store_->watch_ring(now);

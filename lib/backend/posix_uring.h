@@ -74,7 +74,7 @@ class PosixRing {
   // store's watcher, which looks whether or not anyone said so).
   std::deque<IoRequest*> requests_stuck(bool only_if_queued = false);
   // Since when the ring's thread has been in a call into the file system (0: in none).
-  uint64_t call_since() const { return call_since_.load(std::memory_order_relaxed); }
+  uint64_t call_since() const { return call_since_.load(std::memory_order_seq_cst); }  // CallMark says why
   // Takes back a load still queued here (PosixBackend::cancel).
   bool cancel(IoRequest* req);
   // No load is to be submitted here any more: its thread was found stuck.
