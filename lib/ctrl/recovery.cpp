@@ -56,8 +56,11 @@ Result reaper_lock(const BufferCtrl& c, uint32_t holder, uint32_t b, uint64_t de
 void reset_floating_slot(const BufferCtrl& c, uint32_t i) {
   SlotMeta& s = c.slot(i);
   s.shard.store(kEmptyShard, std::memory_order_relaxed);
+  // A CAS, not a load and a store: a waiter may set the waiters bit in
+  // between, and would then sleep its whole slice unwoken (helper-20).
   uint32_t w = s.word.load(std::memory_order_relaxed);
-  s.word.store(word_reset(w), std::memory_order_relaxed);  // T10 (slot_word.h)
+  while (!s.word.compare_exchange_weak(w, word_reset(w), std::memory_order_relaxed)) {
+  }  // T10 (slot_word.h)
   c.accessed(i).store(0, std::memory_order_relaxed);
   unclaim_slot(c, i);  // [R1]
   if (word_has_waiters(w)) futex_wake(&s.word, kWakeAll);
