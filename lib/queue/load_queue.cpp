@@ -82,6 +82,11 @@ void LoadQueue::stop() {
   }
   pending_cv_.notify_all();
   copier_cv_.notify_all();
+  {
+    // The dispatcher's wait for a place looks at stopping() under io_mu_
+    // before it waits (start_load): through it, this wake-up is not lost.
+    std::lock_guard<std::mutex> g(io_mu_);
+  }
   io_cv_.notify_all();
   if (copier_asleep_.load(std::memory_order_seq_cst)) cache_->ring_bell();
   if (deferring_.load(std::memory_order_seq_cst)) {  // our dispatcher sleeps on the defer bell
@@ -602,7 +607,8 @@ Result LoadQueue::start_load(const std::shared_ptr<Task>& t, uint32_t index, uin
       fail_overdue_pending("an I/O place");
     }
     std::unique_lock<std::mutex> lk(io_mu_);
-    if (!depth_left_locked(false)) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
+    // stopping() again under io_mu_: stop() passes through it before its wake-up.
+    if (!depth_left_locked(false) && !stopping()) io_cv_.wait_for(lk, std::chrono::nanoseconds(until - now));
   }
   send_load(t, index, slot);
   return Result::kOk;
