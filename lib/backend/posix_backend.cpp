@@ -529,11 +529,16 @@ void PosixBackend::submit(IoRequest* req, bool is_load) {
   if (reject_malformed(req, ctx_, is_load, "posix", &counters_)) return;
   std::deque<std::pair<IoRequest*, bool>> refused;
   size_t held = 0;
+  bool stopped = false;
   {
     std::lock_guard<std::mutex> g(mu_);
-    queue_.emplace_back(req, is_load);
-    if (in_request_ >= threads_.size()) held = rebalance_locked(&refused);  // no thread idle: are some held for good?
+    stopped = stopping_;  // shutdown() completed what it held: this would wait for its destruction
+    if (!stopped) {
+      queue_.emplace_back(req, is_load);
+      if (in_request_ >= threads_.size()) held = rebalance_locked(&refused);  // no thread idle: are some held for good?
+    }
   }
+  if (stopped) return complete_with(req, Result::kTimeout, "posix store shut down before the request was queued");
   refuse(&refused, held);
   cv_.notify_one();
 }

@@ -242,6 +242,40 @@ TYPED_TEST(StoreContract, DestroyingTheStoreCompletesEveryPendingRequestOnce) {
   }
 }
 
+// shutdown() returning 0 says the store is idle: every request it held has
+// had its one completion by then, not at its destruction (finalize keeps a
+// store whose synchronous call is stuck, and frees what the requests point
+// into). The sim store's did nothing before session 24 (helper-20).
+TYPED_TEST(StoreContract, AShutdownThatReturnsZeroHasCompletedEveryRequest) {
+  constexpr uint64_t kBytes = TestFixture::kShard;
+  constexpr int kOps = 32;
+  auto b = this->make(1, Shape::kStalled);
+  ASSERT_NE(b, nullptr);
+  Batch batch;
+  std::vector<AlignedBuf> bufs;
+  std::vector<Op> ops(kOps);
+  for (int i = 0; i < kOps; ++i) {
+    bufs.emplace_back(kBytes);
+    prepare(&ops[i], &batch, key(600 + i, 0), bufs.back().get(), kBytes);
+    if (i % 2) b->dump(&ops[i].req);
+    else b->load(&ops[i].req);
+  }
+  ASSERT_EQ(b->shutdown(deadline_after_ms(20000)), 0u) << "no thread of this store is held in the kernel";
+  EXPECT_EQ(batch.count(), size_t{kOps}) << "shutdown() returned 0 with requests still to complete";
+  // A request after shutdown completes at once, and destruction completes
+  // nothing twice.
+  Op late;
+  AlignedBuf late_buf(kBytes);
+  prepare(&late, &batch, key(700, 0), late_buf.get(), kBytes);
+  b->load(&late.req);
+  EXPECT_EQ(late.calls, 1) << "a load after shutdown() did not complete at once";
+  EXPECT_NE(res(late.req.result), res(Result::kOk));
+  b.reset();
+  ASSERT_EQ(batch.count(), size_t{kOps + 1});
+  for (int i = 0; i < kOps; ++i) EXPECT_EQ(ops[i].calls, 1) << i;
+  EXPECT_EQ(late.calls, 1);
+}
+
 TYPED_TEST(StoreContract, ConcurrentDumpsAndLoadsFromSeveralThreads) {
   constexpr int kThreads = 4;
   constexpr uint32_t kShards = kThreads;
