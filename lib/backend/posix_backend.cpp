@@ -838,6 +838,30 @@ void PosixBackend::note_load_end_locked(bool nothing_queued) {
   if (busy_loads_ == 0 && nothing_queued) ++occ_.dry_spells;
 }
 
+// Writers of one shard in other stores (other nodes on a shared file system,
+// other jobs) take turns for its bytes and its header: an open-file-description
+// write lock on the shard's header, held until the dump closes its fd. Without
+// it, two nodes dumping one key with different bytes could leave one's bytes
+// under the other's header: both said OK, and the shard failed its checksum
+// for good (helper-21). A file system that keeps no locks is written as
+// before (warned once). A lock held by a writer the file system holds is
+// waited for as any held request is (posix_held.cpp).
+void PosixBackend::lock_shard(int fd, uint32_t shard) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(index_off_ + uint64_t{shard} * sizeof(ShardHeader));
+  fl.l_len = sizeof(ShardHeader);
+  while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+    if (errno == EINTR) continue;
+    if (!lock_refused_logged_.exchange(true, std::memory_order_relaxed))
+      UCM_WARN("posix store at %s: the file system keeps no file locks (%s): dumps of one shard from several nodes "
+               "at once are not kept apart",
+               opts_.dir.c_str(), strerror(errno));
+    return;
+  }
+}
+
 void PosixBackend::do_dump(IoRequest* req) {
   const std::string path = block_path(req->key.block);
   int fd = -1;
@@ -859,6 +883,7 @@ void PosixBackend::do_dump(IoRequest* req) {
     h.checksum = checksum64(req->buf, req->bytes);
   }
   h.check = header_check(h);
+  lock_shard(fd, req->key.shard);  // released by the close below
   const ssize_t n = transfer(req, fd, false);
   // With sync on, OK means durable, in this order: the shard's bytes (so a
   // header never vouches for bytes a power cut lost), then the header that

@@ -6,7 +6,10 @@
 //   [index: n ShardHeader of 64 bytes] at round_up(n * shard_bytes, 4096)
 // A dump writes the shard's bytes, then its header (magic, the full key it was
 // written under, length, a checksum of the bytes, a check of the header
-// itself). A load reads the header and the bytes and verifies both: a header
+// itself), holding an open-file-description write lock (F_OFD_SETLKW) on the
+// header's 64 bytes from before the bytes until its fd closes: writers of one
+// shard in other stores (other nodes on a shared file system) take turns, so
+// the last leaves its bytes and header whole. A load reads the header and the bytes and verifies both: a header
 // of another key (a block file under another block's name: a copy, a restore,
 // a tool's bug), of another length, of the older format, a truncated shard, a
 // flipped bit is Result::kCorrupt naming the key and the file (it will not
@@ -223,6 +226,7 @@ class PosixBackend final : public Backend {
   Result open_error(int e, const Key& k, bool for_dump, const std::string& path, char* err, size_t err_len) const;
   ssize_t transfer(IoRequest* req, int fd, bool is_load);
   void stop_direct(const char* why);
+  void lock_shard(int fd, uint32_t shard);  // a dump's turn at the shard among other stores' writers
   Result read_header(int fd, const Key& k, const std::string& path, ShardHeader* h, char* err, size_t err_len) const;
 
   const PosixOptions opts_;
@@ -234,6 +238,7 @@ class PosixBackend final : public Backend {
   uint32_t dio_off_align_ = 4096;
   std::atomic<bool> direct_ok_{false};
   std::atomic<bool> direct_refused_logged_{false};
+  std::atomic<bool> lock_refused_logged_{false};
   AtomicBackendCounters counters_;
   std::mutex mu_;
   std::condition_variable cv_;
