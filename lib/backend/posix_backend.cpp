@@ -40,6 +40,9 @@ uint32_t header_check(const ShardHeader& h) {
 
 // System calls this thread made through the helpers below (occupancy()).
 thread_local uint64_t t_syscalls = 0;
+// The I/O thread's index in busy_since_ (worker), for a dump's wait for its
+// shard's lock (lock_shard); -1 on other threads.
+thread_local int t_worker_idx = -1;
 
 }  // namespace
 
@@ -191,6 +194,7 @@ PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int
   index_off_ = (uint64_t{ctx.shards_per_block} * ctx.shard_bytes + 4095) / 4096 * 4096;
   busy_since_.assign(o.depth + spare_, 0);
   busy_block_.assign(o.depth + spare_, BlockId{});
+  waiting_lock_.assign(o.depth + spare_, 0);
 }
 
 namespace {
@@ -553,6 +557,7 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
 
 void PosixBackend::worker(uint32_t idx) {
   name_this_thread("posix");
+  t_worker_idx = static_cast<int>(idx);
   for (;;) {
     std::pair<IoRequest*, bool> item;
     bool nothing_queued = false;
@@ -844,22 +849,41 @@ void PosixBackend::note_load_end_locked(bool nothing_queued) {
 // it, two nodes dumping one key with different bytes could leave one's bytes
 // under the other's header: both said OK, and the shard failed its checksum
 // for good (helper-21). A file system that keeps no locks is written as
-// before (warned once). A lock held by a writer the file system holds is
-// waited for as any held request is (posix_held.cpp).
-void PosixBackend::lock_shard(int fd, uint32_t shard) {
+// before (warned once). A wait for another writer's turn is not this block
+// file held in the kernel (file_held_locked): the block's other shards are
+// written and read meanwhile (helper-22); the thread still counts as busy,
+// so spares come beside a wait that lasts.
+void PosixBackend::lock_shard(int fd, const Key& k) {
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(index_off_ + uint64_t{shard} * sizeof(ShardHeader));
+  fl.l_start = static_cast<off_t>(index_off_ + uint64_t{k.shard} * sizeof(ShardHeader));
   fl.l_len = sizeof(ShardHeader);
-  while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
-    if (errno == EINTR) continue;
-    if (!lock_refused_logged_.exchange(true, std::memory_order_relaxed))
-      UCM_WARN("posix store at %s: the file system keeps no file locks (%s): dumps of one shard from several nodes "
-               "at once are not kept apart",
-               opts_.dir.c_str(), strerror(errno));
-    return;
+  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return;  // the usual case: nobody else is writing it
+  int e = errno;
+  if (e == EAGAIN || e == EACCES || e == EINTR) {
+    set_lock_wait(true);
+    e = 0;
+    while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+      if (errno == EINTR) continue;
+      e = errno;
+      break;
+    }
+    set_lock_wait(false);
+    if (e == 0) return;
   }
+  if (!lock_refused_logged_.exchange(true, std::memory_order_relaxed))
+    UCM_WARN("posix store at %s: the file system keeps no file locks (%s): dumps of one shard from several nodes "
+             "at once are not kept apart",
+             opts_.dir.c_str(), strerror(e));
+}
+
+void PosixBackend::set_lock_wait(bool waiting) {
+  if (t_worker_idx < 0) return;
+  const auto i = static_cast<size_t>(t_worker_idx);
+  std::lock_guard<std::mutex> g(mu_);
+  waiting_lock_[i] = waiting ? 1 : 0;
+  if (!waiting && busy_since_[i] != 0) busy_since_[i] = now_ns();  // its I/O in the kernel begins now
 }
 
 void PosixBackend::do_dump(IoRequest* req) {
@@ -883,7 +907,7 @@ void PosixBackend::do_dump(IoRequest* req) {
     h.checksum = checksum64(req->buf, req->bytes);
   }
   h.check = header_check(h);
-  lock_shard(fd, req->key.shard);  // released by the close below
+  lock_shard(fd, req->key);  // released by the close below
   const ssize_t n = transfer(req, fd, false);
   // With sync on, OK means durable, in this order: the shard's bytes (so a
   // header never vouches for bytes a power cut lost), then the header that
