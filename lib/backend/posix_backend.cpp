@@ -195,6 +195,7 @@ PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int
   busy_since_.assign(o.depth + spare_, 0);
   busy_block_.assign(o.depth + spare_, BlockId{});
   waiting_lock_.assign(o.depth + spare_, 0);
+  busy_read_.assign(o.depth + spare_, 0);
 }
 
 namespace {
@@ -575,6 +576,7 @@ void PosixBackend::worker(uint32_t idx) {
       if (!refused) {
         busy_since_[idx] = now;
         busy_block_[idx] = item.first->key.block;
+        busy_read_[idx] = item.second ? item.first->bytes : 0;
         if (item.second) note_load_start_locked(nothing_queued);
         // Requests wait behind this one: the watcher looks when it would
         // count as held (a spare that takes a request that hangs, too).

@@ -145,6 +145,13 @@ class PosixBackend final : public Backend {
   // How long a request is in the kernel before it counts as held there (its
   // thread, or its place in the ring, is replaced while others wait).
   static constexpr uint64_t kHeldNs = 200'000'000;
+  // When a read of `bytes` in the kernel means its block file's server is
+  // down (file_held_locked, PosixRing::file_held): kHeldNs and the time the
+  // bytes take at 32 MiB/s, well below any working disk, so that a large
+  // shard on a busy one is not taken for a dead server (helper-22: 8 MiB
+  // shards from 4 nodes at once). Writes never count: a write is slow for
+  // good reasons (the kernel's dirty-page throttling, sync=1's fdatasync).
+  static constexpr uint64_t held_file_ns(uint64_t bytes) { return kHeldNs + bytes / 32 * 1'000'000'000 / (1024 * 1024); }
   // The I/O threads the store runs now (depth, and the spares).
   uint32_t io_threads();
 
@@ -263,6 +270,7 @@ class PosixBackend final : public Backend {
   std::vector<uint64_t> busy_since_;     // under mu_: per thread, when its request began (0: idle); depth + spare_
   std::vector<BlockId> busy_block_;      // under mu_: per thread, its request's block (while busy_since_ != 0)
   std::vector<uint8_t> waiting_lock_;    // under mu_: per thread, 1 while its dump waits for another writer's turn
+  std::vector<uint64_t> busy_read_;      // under mu_: per thread, its load's bytes (0: a dump, or idle)
   cpu_set_t affinity_;          // where the I/O threads run (create()'s thread's CPUs)
   bool has_affinity_ = false;
   struct RingDeleter {

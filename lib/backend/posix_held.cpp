@@ -199,13 +199,15 @@ uint32_t PosixBackend::io_threads() {
   return static_cast<uint32_t>(threads_.size());
 }
 
-// A request for a block file of which another thread's request has been held
-// in the kernel for kHeldNs is not started: the file's server is likely down,
+// A request for a block file of which another thread's read has been held in
+// the kernel for held_file_ns (kHeldNs and then some for a large shard) is not
+// started: the file's server is likely down,
 // and a second read would hold a second thread as long (the queue asks again
 // for each shard of the block, and for each of its retries).
 bool PosixBackend::file_held_locked(const BlockId& b, uint64_t now) const {
   for (size_t i = 0; i < threads_.size(); ++i)
-    if (busy_since_[i] != 0 && !waiting_lock_[i] && now - busy_since_[i] >= kHeldNs && busy_block_[i] == b)
+    if (busy_since_[i] != 0 && busy_read_[i] != 0 && !waiting_lock_[i] && now - busy_since_[i] >= held_file_ns(busy_read_[i]) &&
+        busy_block_[i] == b)
       return true;
   return false;
 }

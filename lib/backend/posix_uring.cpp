@@ -336,7 +336,7 @@ uint64_t PosixRing::next_held_ns() const {
 bool PosixRing::file_held(const BlockId& b) const {
   const uint64_t now = now_ns();
   for (const Read* rd : live_)
-    if (rd->req->key.block == b && now - rd->start_ns >= PosixBackend::kHeldNs) return true;
+    if (rd->req->key.block == b && now - rd->start_ns >= PosixBackend::held_file_ns(rd->req->bytes)) return true;
   return false;
 }
 

@@ -533,5 +533,39 @@ TEST(PosixStuck, AQueuedRequestIsTakenBackAndAStartedOneIsNot) {
   EXPECT_EQ(store->shutdown(deadline_after_ms(10000)), 0u);
 }
 
+// A dump that takes long is not its block file's server gone: the block's
+// other shards still load. Its source here waits on a page fault (a
+// userfaultfd); in life the kernel's dirty-page throttling, or sync=1's
+// fdatasync on a busy disk, hold a write for seconds. Before, 200 ms into
+// any request every other request of its block file was refused as held in
+// the kernel (helper-22: 8 MiB shards dumped by 4 nodes at once).
+TEST(PosixStuck, ASlowDumpDoesNotMakeItsBlockFileCountAsHeld) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  BackendContext c;
+  c.shard_bytes = kShard;
+  c.shards_per_block = 4;
+  std::unique_ptr<Backend> b;
+  ASSERT_EQ(make_backend("posix:" + dir.path + ",depth=2,direct=off,engine=threads", c, &b), Result::kOk)
+      << last_error();
+  std::vector<uint8_t> src(kShard), got(kShard);
+  sim_fill(key(9200, 0), src.data(), kShard);
+  ASSERT_EQ(dump_sync(b.get(), key(9200, 0), src.data(), kShard).result, Result::kOk);
+  HungBuffer slow;
+  if (!slow.why_not().empty()) GTEST_SKIP() << "no userfaultfd to hold a dump: " << slow.why_not();
+  Batch batch;
+  Op w;
+  prepare(&w, &batch, key(9200, 1), slow.get(), kShard);
+  b->dump(&w.req);
+  usleep(300'000);  // past kHeldNs
+  EXPECT_EQ(batch.count(), 0u) << "the dump's source did not hold it";
+  const SyncResult l = load_sync(b.get(), key(9200, 0), got.data(), kShard);
+  EXPECT_EQ(res(l.result), res(Result::kOk)) << l.error;
+  EXPECT_EQ(got, src);
+  slow.release();
+  ASSERT_TRUE(batch.wait(1));
+  EXPECT_EQ(res(w.req.result), res(Result::kOk)) << w.req.error;
+}
+
 }  // namespace
 }  // namespace ucm::test
