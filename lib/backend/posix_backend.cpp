@@ -40,9 +40,6 @@ uint32_t header_check(const ShardHeader& h) {
 
 // System calls this thread made through the helpers below (occupancy()).
 thread_local uint64_t t_syscalls = 0;
-// The I/O thread's index in busy_since_ (worker), for a dump's wait for its
-// shard's lock (lock_shard); -1 on other threads.
-thread_local int t_worker_idx = -1;
 
 }  // namespace
 
@@ -194,7 +191,6 @@ PosixBackend::PosixBackend(const PosixOptions& o, const BackendContext& ctx, int
   index_off_ = (uint64_t{ctx.shards_per_block} * ctx.shard_bytes + 4095) / 4096 * 4096;
   busy_since_.assign(o.depth + spare_, 0);
   busy_block_.assign(o.depth + spare_, BlockId{});
-  waiting_lock_.assign(o.depth + spare_, 0);
   busy_read_.assign(o.depth + spare_, 0);
 }
 
@@ -558,7 +554,6 @@ PosixBackend::Occupancy PosixBackend::occupancy() {
 
 void PosixBackend::worker(uint32_t idx) {
   name_this_thread("posix");
-  t_worker_idx = static_cast<int>(idx);
   for (;;) {
     std::pair<IoRequest*, bool> item;
     bool nothing_queued = false;
@@ -596,6 +591,7 @@ void PosixBackend::worker(uint32_t idx) {
     std::lock_guard<std::mutex> lk(mu_);
     --in_request_;
     busy_since_[idx] = 0;
+    busy_read_[idx] = 0;
   }
   std::lock_guard<std::mutex> g(mu_);
   ++exited_;
@@ -851,41 +847,23 @@ void PosixBackend::note_load_end_locked(bool nothing_queued) {
 // it, two nodes dumping one key with different bytes could leave one's bytes
 // under the other's header: both said OK, and the shard failed its checksum
 // for good (helper-21). A file system that keeps no locks is written as
-// before (warned once). A wait for another writer's turn is not this block
-// file held in the kernel (file_held_locked): the block's other shards are
-// written and read meanwhile (helper-22); the thread still counts as busy,
-// so spares come beside a wait that lasts.
+// before (warned once). A dump, waiting for its turn or not, never makes its
+// block file count as held (file_held_locked counts reads only): the block's
+// other shards are written and read meanwhile (helper-22).
 void PosixBackend::lock_shard(int fd, const Key& k) {
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
   fl.l_start = static_cast<off_t>(index_off_ + uint64_t{k.shard} * sizeof(ShardHeader));
   fl.l_len = sizeof(ShardHeader);
-  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return;  // the usual case: nobody else is writing it
-  int e = errno;
-  if (e == EAGAIN || e == EACCES || e == EINTR) {
-    set_lock_wait(true);
-    e = 0;
-    while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
-      if (errno == EINTR) continue;
-      e = errno;
-      break;
-    }
-    set_lock_wait(false);
-    if (e == 0) return;
+  while (fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+    if (errno == EINTR) continue;
+    if (!lock_refused_logged_.exchange(true, std::memory_order_relaxed))
+      UCM_WARN("posix store at %s: the file system keeps no file locks (%s): dumps of one shard from several nodes "
+               "at once are not kept apart",
+               opts_.dir.c_str(), strerror(errno));
+    return;
   }
-  if (!lock_refused_logged_.exchange(true, std::memory_order_relaxed))
-    UCM_WARN("posix store at %s: the file system keeps no file locks (%s): dumps of one shard from several nodes "
-             "at once are not kept apart",
-             opts_.dir.c_str(), strerror(e));
-}
-
-void PosixBackend::set_lock_wait(bool waiting) {
-  if (t_worker_idx < 0) return;
-  const auto i = static_cast<size_t>(t_worker_idx);
-  std::lock_guard<std::mutex> g(mu_);
-  waiting_lock_[i] = waiting ? 1 : 0;
-  if (!waiting && busy_since_[i] != 0) busy_since_[i] = now_ns();  // its I/O in the kernel begins now
 }
 
 void PosixBackend::do_dump(IoRequest* req) {

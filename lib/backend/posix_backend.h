@@ -234,7 +234,6 @@ class PosixBackend final : public Backend {
   ssize_t transfer(IoRequest* req, int fd, bool is_load);
   void stop_direct(const char* why);
   void lock_shard(int fd, const Key& k);  // a dump's turn at the shard among other stores' writers
-  void set_lock_wait(bool waiting);         // this I/O thread waits for another writer's turn (not held)
   Result read_header(int fd, const Key& k, const std::string& path, ShardHeader* h, char* err, size_t err_len) const;
 
   const PosixOptions opts_;
@@ -269,7 +268,6 @@ class PosixBackend final : public Backend {
   const uint32_t spare_;                 // threads (ring places) beyond depth, at most
   std::vector<uint64_t> busy_since_;     // under mu_: per thread, when its request began (0: idle); depth + spare_
   std::vector<BlockId> busy_block_;      // under mu_: per thread, its request's block (while busy_since_ != 0)
-  std::vector<uint8_t> waiting_lock_;    // under mu_: per thread, 1 while its dump waits for another writer's turn
   std::vector<uint64_t> busy_read_;      // under mu_: per thread, its load's bytes (0: a dump, or idle)
   cpu_set_t affinity_;          // where the I/O threads run (create()'s thread's CPUs)
   bool has_affinity_ = false;

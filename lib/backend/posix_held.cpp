@@ -206,9 +206,7 @@ uint32_t PosixBackend::io_threads() {
 // for each shard of the block, and for each of its retries).
 bool PosixBackend::file_held_locked(const BlockId& b, uint64_t now) const {
   for (size_t i = 0; i < threads_.size(); ++i)
-    if (busy_since_[i] != 0 && busy_read_[i] != 0 && !waiting_lock_[i] && now - busy_since_[i] >= held_file_ns(busy_read_[i]) &&
-        busy_block_[i] == b)
-      return true;
+    if (busy_read_[i] != 0 && now - busy_since_[i] >= held_file_ns(busy_read_[i]) && busy_block_[i] == b) return true;
   return false;
 }
 

@@ -103,10 +103,10 @@ class HungBuffer {
 };
 
 std::unique_ptr<PosixBackend> make_store(const std::string& dir, const std::string& engine, uint32_t depth = 2,
-                                         const std::string& extra = "") {
+                                         const std::string& extra = "", uint32_t shards = 1) {
   BackendContext c;
   c.shard_bytes = kShard;
-  c.shards_per_block = 1;
+  c.shards_per_block = shards;
   std::unique_ptr<Backend> b;
   // Buffered: the read copies into the hung buffer in the kernel (a direct
   // read would hang as well, on pinning it; buffered works on every file system).
@@ -542,12 +542,8 @@ TEST(PosixStuck, AQueuedRequestIsTakenBackAndAStartedOneIsNot) {
 TEST(PosixStuck, ASlowDumpDoesNotMakeItsBlockFileCountAsHeld) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  BackendContext c;
-  c.shard_bytes = kShard;
-  c.shards_per_block = 4;
-  std::unique_ptr<Backend> b;
-  ASSERT_EQ(make_backend("posix:" + dir.path + ",depth=2,direct=off,engine=threads", c, &b), Result::kOk)
-      << last_error();
+  auto b = make_store(dir.path, "threads", 2, "", 4);
+  ASSERT_NE(b, nullptr);
   std::vector<uint8_t> src(kShard), got(kShard);
   sim_fill(key(9200, 0), src.data(), kShard);
   ASSERT_EQ(dump_sync(b.get(), key(9200, 0), src.data(), kShard).result, Result::kOk);

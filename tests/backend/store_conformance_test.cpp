@@ -210,6 +210,19 @@ TYPED_TEST(StoreContract, CountersAreExact) {
   EXPECT_EQ(c.peak_inflight_loads, 1u);  // one at a time
 }
 
+// n requests of blocks first.. into a stalled store, loads and dumps in
+// turn, each with its own buffer (kept in *bufs).
+void submit_stalled(Backend* b, int n, uint64_t first, uint64_t bytes, Batch* batch, std::vector<AlignedBuf>* bufs,
+                    std::vector<Op>* ops) {
+  ops->resize(n);
+  for (int i = 0; i < n; ++i) {
+    bufs->emplace_back(bytes);
+    prepare(&(*ops)[i], batch, key(first + i, 0), bufs->back().get(), bytes);
+    if (i % 2) b->dump(&(*ops)[i].req);
+    else b->load(&(*ops)[i].req);
+  }
+}
+
 TYPED_TEST(StoreContract, DestroyingTheStoreCompletesEveryPendingRequestOnce) {
   constexpr uint64_t kBytes = TestFixture::kShard;
   constexpr int kOps = 32;
@@ -217,13 +230,8 @@ TYPED_TEST(StoreContract, DestroyingTheStoreCompletesEveryPendingRequestOnce) {
   ASSERT_NE(b, nullptr);
   Batch batch;
   std::vector<AlignedBuf> bufs;
-  std::vector<Op> ops(kOps);
-  for (int i = 0; i < kOps; ++i) {
-    bufs.emplace_back(kBytes);
-    prepare(&ops[i], &batch, key(500 + i, 0), bufs.back().get(), kBytes);
-    if (i % 2) b->dump(&ops[i].req);
-    else b->load(&ops[i].req);
-  }
+  std::vector<Op> ops;
+  submit_stalled(b.get(), kOps, 500, kBytes, &batch, &bufs, &ops);
   if (TypeParam::kStallIsCertain) {
     EXPECT_EQ(batch.count(), 0u);
   }
@@ -253,13 +261,8 @@ TYPED_TEST(StoreContract, AShutdownThatReturnsZeroHasCompletedEveryRequest) {
   ASSERT_NE(b, nullptr);
   Batch batch;
   std::vector<AlignedBuf> bufs;
-  std::vector<Op> ops(kOps);
-  for (int i = 0; i < kOps; ++i) {
-    bufs.emplace_back(kBytes);
-    prepare(&ops[i], &batch, key(600 + i, 0), bufs.back().get(), kBytes);
-    if (i % 2) b->dump(&ops[i].req);
-    else b->load(&ops[i].req);
-  }
+  std::vector<Op> ops;
+  submit_stalled(b.get(), kOps, 600, kBytes, &batch, &bufs, &ops);
   ASSERT_EQ(b->shutdown(deadline_after_ms(20000)), 0u) << "no thread of this store is held in the kernel";
   EXPECT_EQ(batch.count(), size_t{kOps}) << "shutdown() returned 0 with requests still to complete";
   // A request after shutdown completes at once, and destruction completes
